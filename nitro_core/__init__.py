@@ -1,0 +1,64 @@
+"""Nitro core: experiments, the training loop, trustworthy checkpoint records, keep
+selectors and exact resume."""
+
+__version__ = "0.1.0"
+
+from nitro_core.data import TensorBatches
+from nitro_core.ema import EMA
+from nitro_core.errors import (
+    CheckpointCorrupt,
+    CheckpointNotFound,
+    ConfigError,
+    MissingHookError,
+    MonitorError,
+    NitroDeprecationWarning,
+    NitroError,
+    NitroWarning,
+    RecordError,
+    ResumeRefused,
+    SourceSyntaxError,
+    TrainingRefused,
+)
+from nitro_core.experiment import Experiment, Host
+from nitro_core.handle import Nitro, checkpoint_run
+from nitro_core.info import checkpoint_info
+from nitro_core.loggers import JSONLLogger, NullLogger
+from nitro_core.manifest import ManifestEntry, read_manifest, runs
+from nitro_core.selectors import Best, Checkpointer, Epochs, Every, Last, TopKCheckpointer
+from nitro_core.stopping import EarlyStopping, Plateau
+
+__all__ = [
+    "EMA",
+    "Best",
+    "CheckpointCorrupt",
+    "CheckpointNotFound",
+    "Checkpointer",
+    "ConfigError",
+    "EarlyStopping",
+    "Epochs",
+    "Every",
+    "Experiment",
+    "Host",
+    "JSONLLogger",
+    "Last",
+    "ManifestEntry",
+    "MissingHookError",
+    "MonitorError",
+    "Nitro",
+    "NitroDeprecationWarning",
+    "NitroError",
+    "NitroWarning",
+    "NullLogger",
+    "Plateau",
+    "RecordError",
+    "ResumeRefused",
+    "SourceSyntaxError",
+    "TensorBatches",
+    "TopKCheckpointer",
+    "TrainingRefused",
+    "__version__",
+    "checkpoint_info",
+    "checkpoint_run",
+    "read_manifest",
+    "runs",
+]

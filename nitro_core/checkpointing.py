@@ -1,0 +1,103 @@
+"""The checkpoint writer: the loop's collaborator that names, writes and commits records,
+then carries out the retention plan.
+
+Order of a save, so a crash at any point loses nothing that counted:
+decide (from the manifest) -> write the record (tmp, fsync, rename) -> under the lock,
+add its entry and drop evicted entries from the manifest -> delete the evicted files.
+A crash before the manifest commit leaves an unlisted file that counts for nothing; a
+crash after it leaves a deleted entry's file on disk, also unlisted.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from nitro_core import manifest, records, retention, store
+from nitro_core.errors import NitroWarning
+from nitro_core.manifest import ManifestEntry, StopReason
+from nitro_core.retention import Pair
+from nitro_core.selectors import Checkpointer
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".safetensors"
+_PLACEHOLDER_SHA = "0" * 64
+
+
+def record_name(
+    epoch: int, step: int, score: float | None, metric: str | None, prefix: str | None
+) -> str:
+    """``epoch-0006-step-4500-loss=0.0416831.safetensors``."""
+    name = f"epoch-{epoch:04d}-step-{step}"
+    if score is not None and metric is not None:
+        name += f"-{metric}={score:.6g}"
+    return (f"{prefix}-" if prefix else "") + name + SUFFIX
+
+
+class CheckpointWriter:
+    """Writes one run's records into ``directory`` under ``ckpt``'s keep rules."""
+
+    def __init__(
+        self, directory: Path, ckpt: Checkpointer, run: str, pair: Pair, parent: str | None
+    ) -> None:
+        self.directory = directory
+        self.ckpt = ckpt
+        self.run = run
+        self.pair = pair
+        self.parent = parent
+
+    def save(
+        self,
+        epoch: int,
+        step: int,
+        score: float | None,
+        stop_reason: StopReason | None,
+        snapshot: Callable[[], records.Snapshot],
+    ) -> ManifestEntry | None:
+        """Write the epoch's record if some selector keeps it; returns its entry, or None."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        entries = manifest.read_manifest(self.directory)
+        metric, mode = self.pair
+        name = self._free_name(record_name(epoch, step, score, metric, self.ckpt.name), entries)
+        entry = ManifestEntry(
+            file=name, epoch=epoch, step=step, score=score, metric=metric, mode=mode,
+            stop_reason=stop_reason, run=self.run, parent=self.parent,
+            written=manifest.now_iso(), bytes=0, sha256=_PLACEHOLDER_SHA,
+        )  # fmt: skip
+        if not retention.would_keep(entries, entry, self.ckpt, self.run, self.pair):
+            log.debug("epoch %d not written: no selector of %s keeps it", epoch, self.ckpt)
+            return None
+        path = self.directory / name
+        if path.exists():
+            moved = store.set_aside(path, ".orphaned")
+            warnings.warn(
+                f"{str(path)!r} was on disk but listed by no manifest entry (left by an "
+                f"interrupted run); moved it to {moved.name!r} before writing epoch {epoch}.",
+                NitroWarning,
+                stacklevel=4,
+            )
+        tensors, meta = records.encode(snapshot())
+        size, sha = store.write_record(path, tensors, meta)
+        entry = entry.model_copy(
+            update={"bytes": size, "sha256": sha, "written": manifest.now_iso()}
+        )
+        with store.manifest_lock(self.directory):
+            current = manifest.load(self.directory)
+            current.entries.append(entry)
+            plan = retention.plan(current.entries, self.ckpt, self.run, self.pair)
+            doomed = set(plan.delete)
+            current.entries = [e for e in current.entries if e.file not in doomed]
+            manifest.save(self.directory, current)
+        for file in plan.delete:
+            store.remove_file(self.directory / file)
+        return None if entry.file in doomed else entry
+
+    def _free_name(self, name: str, entries: list[ManifestEntry]) -> str:
+        """``name``, or ``name`` with ``-run-<id>`` inserted when another run listed it."""
+        taken = {e.file for e in entries if e.run != self.run}
+        if name not in taken:
+            return name
+        return name.removesuffix(SUFFIX) + f"-run-{self.run}" + SUFFIX

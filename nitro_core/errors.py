@@ -1,0 +1,72 @@
+"""Every error and warning Nitro raises, in one hierarchy.
+
+Each class also subclasses the builtin a caller would naturally catch, so
+``except ValueError`` keeps working for code that does not know Nitro::
+
+    NitroError(Exception)
+    ├── ConfigError(NitroError, ValueError)          bad experiment, keyword or checkpointer
+    │   ├── MissingHookError(ConfigError)            a required hook is not defined
+    │   └── SourceSyntaxError(ConfigError)           a source string does not parse
+    ├── ResumeRefused(NitroError, ValueError)        a resume would not be exact (with a diff)
+    ├── MonitorError(NitroError, ValueError)         the monitored metric is missing or not finite
+    ├── CheckpointNotFound(NitroError, LookupError)  no entry matches what was asked for
+    ├── CheckpointCorrupt(NitroError, OSError)       a record's bytes are not what was written
+    ├── RecordError(NitroError, ValueError)          a state cannot be written as a record
+    └── TrainingRefused(NitroError, RuntimeError)    the handle cannot train from its state
+
+    NitroWarning(UserWarning)
+    └── NitroDeprecationWarning(NitroWarning, FutureWarning)
+
+A message has three parts: what failed, the offending value, and what to write instead.
+The MCP layer passes the text through unchanged, so messages are part of the contract.
+"""
+
+from __future__ import annotations
+
+
+class NitroError(Exception):
+    """Base of every error Nitro raises on purpose."""
+
+
+class ConfigError(NitroError, ValueError):
+    """An experiment, a keyword of ``Nitro`` or a checkpointer is not usable."""
+
+
+class MissingHookError(ConfigError):
+    """An experiment does not define a hook that training needs."""
+
+
+class SourceSyntaxError(ConfigError):
+    """A source string does not follow the grammar."""
+
+
+class ResumeRefused(NitroError, ValueError):
+    """Resuming would not continue the recorded run exactly; the message holds the diff."""
+
+
+class MonitorError(NitroError, ValueError):
+    """The monitored metric is not among the finalized metrics, or is not finite."""
+
+
+class CheckpointNotFound(NitroError, LookupError):
+    """No manifest entry or file matches the requested checkpoint."""
+
+
+class CheckpointCorrupt(NitroError, OSError):
+    """A record is truncated, altered, or not a Nitro record."""
+
+
+class RecordError(NitroError, ValueError):
+    """A training state holds something a record cannot store (a device leaf, an object)."""
+
+
+class TrainingRefused(NitroError, RuntimeError):
+    """The handle's state is not one training can continue from."""
+
+
+class NitroWarning(UserWarning):
+    """Something worked, but not the way the user may think."""
+
+
+class NitroDeprecationWarning(NitroWarning, FutureWarning):
+    """A deprecated name still works and says what replaces it."""

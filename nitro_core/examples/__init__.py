@@ -1,0 +1,8 @@
+"""Built-in example experiments, used by the demo, the tests and the MCP server."""
+
+from nitro_core.examples.classifier import Classifier
+from nitro_core.examples.regression import Regression
+
+EXAMPLES = {"Classifier": Classifier, "Regression": Regression}
+
+__all__ = ["EXAMPLES", "Classifier", "Regression"]

@@ -1,0 +1,61 @@
+"""``Classifier``: Gaussian blobs, an MLP with BatchNorm (layer state) and dropout, an
+``acc`` metric that ranks checkpoints, and an EMA of the weights."""
+
+from __future__ import annotations
+
+import torch
+
+from nitro_core.data import TensorBatches
+from nitro_core.ema import EMA
+from nitro_core.experiment import Experiment, Host
+
+
+class Classifier(Experiment):
+    """Classify points drawn around random centers; ranked by accuracy (max), with an EMA."""
+
+    features: int = 16
+    classes: int = 4
+    hidden: int = 64
+    dropout: float = 0.1
+    samples: int = 1024
+    batch_size: int = 64
+    lr: float = 3e-3
+    ema_decay: Host[float] = 0.9
+    max_epochs: Host[int] = 6
+
+    def build_data(self) -> dict[str, TensorBatches]:
+        g = torch.Generator().manual_seed(4321)
+        centers = 2.0 * torch.randn(self.classes, self.features, generator=g)
+        y = torch.randint(0, self.classes, (self.samples,), generator=g)
+        x = centers[y] + 1.5 * torch.randn(self.samples, self.features, generator=g)
+        cut, end = self.samples * 3 // 4, self.samples * 7 // 8
+        return {
+            "train": TensorBatches({"x": x[:cut], "y": y[:cut]}, self.batch_size, shuffle=True),
+            "val": TensorBatches({"x": x[cut:end], "y": y[cut:end]}, self.batch_size),
+            "test": TensorBatches({"x": x[end:], "y": y[end:]}, self.batch_size),
+        }
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Linear(self.features, self.hidden),
+            torch.nn.BatchNorm1d(self.hidden),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(self.dropout),
+            torch.nn.Linear(self.hidden, self.classes),
+        )
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+
+    def metrics(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple]:
+        correct = (model(batch["x"]).argmax(dim=1) == batch["y"]).sum()
+        return {"acc": (correct, len(batch["y"]))}
+
+    def eval_loss(self) -> bool:
+        return True
+
+    def monitor(self) -> tuple[str, str]:
+        return ("acc", "max")
+
+    def ema(self) -> EMA:
+        return EMA(decay=self.ema_decay)

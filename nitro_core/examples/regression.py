@@ -1,0 +1,44 @@
+"""``Regression``: a small MLP fitting a fixed random linear map plus noise. It defines no
+metrics hook, so checkpoints are ranked by validation loss."""
+
+from __future__ import annotations
+
+import torch
+
+from nitro_core.data import TensorBatches
+from nitro_core.experiment import Experiment, Host
+
+
+class Regression(Experiment):
+    """Fit y = x @ W + noise with a two-layer MLP; ranked by validation loss (min)."""
+
+    features: int = 8
+    hidden: int = 32
+    samples: int = 512
+    batch_size: int = 64
+    lr: float = 1e-2
+    max_epochs: Host[int] = 5
+
+    def build_data(self) -> dict[str, TensorBatches]:
+        g = torch.Generator().manual_seed(1234)  # the data set is fixed, whatever the seed
+        w = torch.randn(self.features, 1, generator=g)
+        x = torch.randn(self.samples, self.features, generator=g)
+        y = x @ w + 0.1 * torch.randn(self.samples, 1, generator=g)
+        cut = self.samples * 3 // 4
+        return {
+            "train": TensorBatches({"x": x[:cut], "y": y[:cut]}, self.batch_size, shuffle=True),
+            "val": TensorBatches({"x": x[cut:], "y": y[cut:]}, self.batch_size),
+        }
+
+    def build_model(self) -> torch.nn.Module:
+        return torch.nn.Sequential(
+            torch.nn.Linear(self.features, self.hidden),
+            torch.nn.Tanh(),
+            torch.nn.Linear(self.hidden, 1),
+        )
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=self.lr)
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(batch["x"]), batch["y"])

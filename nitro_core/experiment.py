@@ -1,0 +1,221 @@
+"""Experiments: frozen pydantic models whose fields are the config and whose methods are hooks.
+
+A field marked ``Host[T]`` may change between a run and its resume (``max_epochs`` is the
+usual one); every other field is part of the resume check. Hooks with a default are
+listed in ``OPTIONAL_HOOKS``; ``build_data``, ``build_model`` and ``loss`` are required and
+checked at setup by :func:`check_required_hooks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated, Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from nitro_core.errors import ConfigError, MissingHookError
+
+
+class _HostMark:
+    """Metadata marking a field that may change between a run and its resume."""
+
+    def __repr__(self) -> str:
+        return "Host"
+
+
+_HOST = _HostMark()
+
+
+class Host:
+    """``Host[T]`` is ``Annotated[T, Host]``: a field a resume does not compare."""
+
+    def __class_getitem__(cls, item: Any) -> Any:
+        return Annotated[item, _HOST]
+
+
+REQUIRED_HOOKS: tuple[str, ...] = ("build_data", "build_model", "loss")
+OPTIONAL_HOOKS: tuple[str, ...] = (
+    "build_optimizer",
+    "metrics",
+    "finalize_metrics",
+    "eval_loss",
+    "monitor",
+    "checkpointer",
+    "lr_scheduler",
+    "ema",
+    "early_stopping",
+    "plateau",
+    "decay_anchor",
+    "logger",
+)
+
+_HOOK_SIGNATURES = {
+    "build_data": "def build_data(self): return {'train': ..., 'val': ...}",
+    "build_model": "def build_model(self): return torch.nn.Linear(...)",
+    "loss": "def loss(self, model, batch): return <scalar tensor>",
+}
+
+
+class Experiment(BaseModel):
+    """Base class of every experiment: subclass it, add fields, override hooks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
+
+    max_epochs: Host[int] = Field(default=10, ge=1)
+
+    _abstract_hooks: ClassVar[tuple[str, ...]] = REQUIRED_HOOKS
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(type(self), exc)) from None
+
+    # -- required hooks ---------------------------------------------------------------
+    def build_data(self) -> Mapping[str, Iterable[Any]]:
+        """Split name -> re-iterable of batches; ``"train"`` is required to train."""
+        raise NotImplementedError
+
+    def build_model(self) -> torch.nn.Module:
+        """The model; called after every RNG has been seeded."""
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """A scalar tensor to minimize."""
+        raise NotImplementedError
+
+    # -- optional hooks ---------------------------------------------------------------
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """Default: ``AdamW(lr=self.lr)`` when the experiment has an ``lr`` field, else 1e-3."""
+        return torch.optim.AdamW(model.parameters(), lr=float(getattr(self, "lr", 1e-3)))
+
+    def metrics(self, model: torch.nn.Module, batch: Any) -> dict[str, tuple[Any, Any]]:
+        """Name -> (sum, count) for one batch. Not defining it ranks by validation loss."""
+        raise NotImplementedError
+
+    def finalize_metrics(
+        self, totals: dict[str, tuple[float, float]], split: str
+    ) -> dict[str, float]:
+        """Totals over a split -> reported metrics. Default: sum / count for each name."""
+        return {name: s / c if c else float("nan") for name, (s, c) in totals.items()}
+
+    def eval_loss(self) -> bool:
+        """Report the validation loss as ``loss`` beside custom metrics."""
+        return False
+
+    def monitor(self) -> tuple[str, Literal["min", "max"]]:
+        """The (metric, mode) that ranks checkpoints and drives early stopping and plateaus."""
+        return ("loss", "min")
+
+    def checkpointer(self) -> Any:
+        """Which records to keep; ``None`` writes nothing."""
+        from nitro_core.selectors import Best, Checkpointer, Last
+
+        return Checkpointer(keep=(Best(3), Last(1)))
+
+    def lr_scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+        """A scheduler stepped once per optimizer step, or None."""
+        return None
+
+    def ema(self) -> Any:
+        """``EMA(decay=...)`` to keep an exponential moving average of the weights, or None."""
+        return None
+
+    def early_stopping(self) -> Any:
+        """``EarlyStopping(patience=, min_delta=)`` watching the monitor, or None."""
+        return None
+
+    def plateau(self) -> Any:
+        """``Plateau(factor=, patience=)``: reduce the learning rate when the monitor stalls."""
+        return None
+
+    def decay_anchor(self) -> Literal["zero", "w0"]:
+        """Where decoupled weight decay pulls: toward zero or toward the initial weights."""
+        return "zero"
+
+    def logger(self) -> Any:
+        """The metrics logger; default a JSONL file per run in the run directory."""
+        from nitro_core.loggers import JSONLLogger
+
+        return JSONLLogger()
+
+
+def defines(exp: Experiment, hook: str) -> bool:
+    """Whether the experiment's class overrides ``hook`` of :class:`Experiment`."""
+    return getattr(type(exp), hook) is not getattr(Experiment, hook)
+
+
+def check_required_hooks(exp: Experiment) -> None:
+    """Refuse an experiment that leaves a required hook undefined."""
+    for hook in REQUIRED_HOOKS:
+        if not defines(exp, hook):
+            name = type(exp).__name__
+            raise MissingHookError(
+                f"{name} does not define the required hook {hook}. "
+                f"Add to class {name}: {_HOOK_SIGNATURES[hook]}"
+            )
+
+
+def host_fields(cls: type[Experiment]) -> frozenset[str]:
+    """Names of the fields marked ``Host[T]``."""
+    return frozenset(
+        name for name, info in cls.model_fields.items() if any(m is _HOST for m in info.metadata)
+    )
+
+
+def config_of(exp: Experiment) -> dict[str, Any]:
+    """The experiment's config as JSON-ready data."""
+    return exp.model_dump(mode="json")
+
+
+def config_diff(recorded: Mapping[str, Any], exp: Experiment) -> list[str]:
+    """Lines describing how ``exp``'s plain (non-Host) fields differ from ``recorded``.
+
+    A field added since the record is compatible while it holds its declared default.
+    """
+    cls = type(exp)
+    host = host_fields(cls)
+    current = config_of(exp)
+    lines = []
+    for name, info in cls.model_fields.items():
+        if name in host:
+            continue
+        if name not in recorded:
+            default = TypeAdapter(info.annotation).dump_python(
+                info.get_default(call_default_factory=True), mode="json"
+            )
+            if current[name] != default:
+                lines.append(
+                    f"  {name}: (not in the record; compatible only at its default "
+                    f"{default!r}) -> {current[name]!r}"
+                )
+        elif recorded[name] != current[name]:
+            lines.append(f"  {name}: {recorded[name]!r} -> {current[name]!r}")
+    for name in sorted(set(recorded) - set(cls.model_fields)):
+        lines.append(f"  {name}: {recorded[name]!r} -> (field removed)")
+    return lines
+
+
+def describe_validation_error(cls: type[BaseModel], exc: ValidationError) -> str:
+    """One message naming each bad field, its value, and what the field accepts."""
+    name = cls.__name__
+    fields = ", ".join(cls.model_fields)
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(config)"
+        value = err.get("input")
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown field {field!r}; {name} has the fields: {fields}")
+            continue
+        info = cls.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+        expected = _type_name(info.annotation) if info is not None else "?"
+        parts.append(
+            f"field {field!r} expects {expected}, got {value!r} ({type(value).__name__}): "
+            f"{err['msg']}"
+        )
+    return f"{name}: " + "; ".join(parts) + f". Write {name}(field=value) with values that fit."
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or repr(annotation)

@@ -1,0 +1,14 @@
+"""Reading a record's header without its tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nitro_core import store
+
+
+def checkpoint_info(path: str | Path) -> dict[str, Any]:
+    """The JSON header of a record (step, epoch, seed, run, config, metrics, layout, ...),
+    read from the header bytes alone; no tensor is loaded."""
+    return store.read_header(Path(path))

@@ -1,0 +1,71 @@
+"""Metrics loggers. The default writes one JSON object per line to
+``<run_dir>/logs/<run_id>.jsonl``; its state (the byte offset reached) is stored in every
+record, so a resume truncates lines written after the record and the log reads as if the
+run had never stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Logger(Protocol):
+    backend: str
+
+    def open(self, run_dir: Path, run_id: str, state: dict[str, Any] | None) -> None: ...
+    def log(self, row: dict[str, Any]) -> None: ...
+    def state(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+class JSONLLogger:
+    """One JSON line per validated epoch."""
+
+    backend = "jsonl"
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        self._f: Any = None
+
+    def open(self, run_dir: Path, run_id: str, state: dict[str, Any] | None) -> None:
+        self.path = Path(run_dir) / "logs" / f"{run_id}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "ab")  # noqa: SIM115 - held open for the run
+        if state is not None and state.get("offset") is not None:
+            self._f.truncate(min(int(state["offset"]), os.path.getsize(self.path)))
+            self._f.seek(0, os.SEEK_END)
+
+    def log(self, row: dict[str, Any]) -> None:
+        self._f.write(json.dumps(row, allow_nan=True).encode() + b"\n")
+        self._f.flush()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "file": self.path.name if self.path else None,
+            "offset": self._f.tell() if self._f else 0,
+        }
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+class NullLogger:
+    """Logs nothing."""
+
+    backend = "null"
+
+    def open(self, run_dir: Path, run_id: str, state: dict[str, Any] | None) -> None:
+        pass
+
+    def log(self, row: dict[str, Any]) -> None:
+        pass
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass

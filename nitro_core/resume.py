@@ -1,0 +1,152 @@
+"""Resume: which record a handle continues, and the checks that make the resume exact.
+
+``resume=False`` starts fresh; ``"auto"`` is ``latest => latest`` except that a directory
+with nothing to resume starts fresh with a warning. Resuming a run's latest record
+continues that run under its id; any other record branches into a new run whose entries
+name it as their ``parent``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nitro_core import manifest, store
+from nitro_core.errors import CheckpointNotFound, ConfigError, NitroWarning, ResumeRefused
+from nitro_core.experiment import Experiment, config_diff
+from nitro_core.manifest import ManifestEntry
+from nitro_core.records import Record
+
+
+@dataclass
+class ResumePoint:
+    """A record chosen to resume from, with its header already read."""
+
+    path: Path
+    entry: ManifestEntry | None  # None: a file the manifest does not list
+    meta: dict[str, Any]
+    continue_run: str | None  # the run continued under its own id, or None to branch
+
+    @property
+    def file(self) -> str:
+        return str(self.path)
+
+    @property
+    def seed(self) -> int:
+        return int(self.meta["seed"])
+
+    @property
+    def parent(self) -> str | None:
+        if self.continue_run is not None:
+            return self.entry.parent if self.entry else None
+        run = self.meta.get("run", "?")
+        return f"{run}/{self.path.name}"
+
+    def check_config(self, exp: Experiment) -> None:
+        """Refuse a changed plain field, with the diff."""
+        diff = config_diff(self.meta["config"], exp)
+        if diff:
+            name = type(exp).__name__
+            recorded = ", ".join(f"{k}={v!r}" for k, v in self.meta["config"].items())
+            raise ResumeRefused(
+                f"Cannot resume {self.file!r}: the config changed since it was recorded:\n"
+                + "\n".join(diff)
+                + f"\nPlain fields must match for an exact resume (Host fields may change). "
+                f"Resume with {name}({recorded}), or start a new run that takes only the "
+                "weights: Nitro(exp, weights=...)."
+            )
+
+    def check_layout(self, layout: dict[str, Any], logger_backend: str) -> None:
+        """Refuse a moved parameter layout or a different logger backend, with the diff."""
+        recorded = self.meta["layout"]
+        lines = _layout_diff(recorded, layout)
+        if lines:
+            raise ResumeRefused(
+                f"Cannot resume {self.file!r}: the parameter layout moved since it was recorded, "
+                "which would scramble the optimizer state against the parameters:\n"
+                + "\n".join(lines)
+                + "\nRestore the model and optimizer groups the record was written with, or "
+                "start a new run that takes only the weights: Nitro(exp, weights=...)."
+            )
+        was = self.meta.get("logger", {}).get("backend")
+        if was is not None and was != logger_backend:
+            raise ResumeRefused(
+                f"Cannot resume {self.file!r}: its logger state is for the {was!r} backend, the "
+                f"experiment's logger() now returns a {logger_backend!r} logger. Return the "
+                f"{was!r} logger from logger() to resume, or start a new run_dir."
+            )
+
+    def load(self) -> Record:
+        tensors, meta = store.read_record(self.path, self.entry.sha256 if self.entry else None)
+        return Record(meta=meta, tensors=tensors)
+
+
+def resolve_resume(resume: Any, run_dir: Path) -> ResumePoint | None:
+    """The record ``resume`` names in ``run_dir``, or None for a fresh run."""
+    if resume is False or resume is None or resume == "false":
+        return None
+    if resume is True:
+        raise ConfigError(
+            "resume=True is ambiguous; write resume='auto' (the latest record) or a source."
+        )
+    entries = manifest.read_manifest(run_dir)
+    if resume == "auto":
+        if not entries:
+            warnings.warn(
+                f"resume='auto' found nothing to resume in {str(run_dir)!r}; starting a fresh run.",
+                NitroWarning,
+                stacklevel=3,
+            )
+            return None
+        return latest_point(entries, run_dir)
+    from nitro_core.sources import resolve_resume_source
+
+    return resolve_resume_source(resume, run_dir, entries)
+
+
+def latest_point(entries: list[ManifestEntry], run_dir: Path) -> ResumePoint:
+    """``latest => latest``: the last entry of the run that wrote the last entry."""
+    if not entries:
+        raise CheckpointNotFound(
+            f"Nothing to resume in {str(run_dir)!r}: its manifest lists no checkpoints. Train "
+            "first, or use resume='auto' to start fresh when there is nothing."
+        )
+    return point_for(entries[-1], entries, run_dir)
+
+
+def point_for(entry: ManifestEntry, entries: list[ManifestEntry], run_dir: Path) -> ResumePoint:
+    """A resume point at a listed entry: continue its run when it is the run's latest."""
+    path = run_dir / entry.file
+    own = manifest.run_entries(entries, entry.run)
+    continue_run = entry.run if own and own[-1].file == entry.file else None
+    return ResumePoint(
+        path=path, entry=entry, meta=store.read_header(path), continue_run=continue_run
+    )
+
+
+def _layout_diff(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    lines = []
+    for kind in ("params", "buffers"):
+        old = {n: (tuple(s), d) for n, s, d in recorded.get(kind, [])}
+        new = {n: (tuple(s), d) for n, s, d in current.get(kind, [])}
+        for n in old.keys() - new.keys():
+            lines.append(f"  {kind[:-1]} {n}: {_fmt(old[n])} -> (missing)")
+        for n in new.keys() - old.keys():
+            lines.append(f"  {kind[:-1]} {n}: (not in the record) -> {_fmt(new[n])}")
+        for n in old.keys() & new.keys():
+            if old[n] != new[n]:
+                lines.append(f"  {kind[:-1]} {n}: {_fmt(old[n])} -> {_fmt(new[n])}")
+        if not lines and [n for n, *_ in recorded.get(kind, [])] != [
+            n for n, *_ in current.get(kind, [])
+        ]:
+            lines.append(f"  {kind} order changed")
+    if recorded.get("groups") != current.get("groups"):
+        lines.append(f"  optimizer groups: {recorded.get('groups')} -> {current.get('groups')}")
+    return sorted(lines)
+
+
+def _fmt(shape_dtype: tuple[Any, ...]) -> str:
+    shape, dtype = shape_dtype
+    return f"{list(shape)} {dtype}"

@@ -1,0 +1,237 @@
+"""Keep selectors (``Best``, ``Last``, ``Every``, ``Epochs``), the ``Checkpointer`` that holds
+them, and :func:`pick`, the pure function that says which entries a selector chooses.
+
+Selectors choose among manifest entries given oldest first. The same selectors name what to
+keep while training and what to load or average afterwards (``Best(k, among=...)`` is for
+loading only).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Union
+
+from nitro_core.errors import ConfigError, NitroDeprecationWarning
+
+if TYPE_CHECKING:
+    from nitro_core.manifest import ManifestEntry
+
+Mode = Literal["min", "max"]
+Scope = Literal["run", "dir"]
+
+
+def _positive(kind: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{kind}({value!r}): {name} must be a positive integer; write {kind}(3).")
+
+
+@dataclass(frozen=True)
+class Best:
+    """The ``k`` best-scored entries under the monitor, optionally only among ``among``'s picks."""
+
+    k: int
+    among: Selector | None = None
+
+    def __post_init__(self) -> None:
+        _positive("Best", "k", self.k)
+        if self.among is not None and not isinstance(self.among, SELECTOR_TYPES):
+            raise ConfigError(
+                f"Best({self.k}, among={self.among!r}): among must be a selector; "
+                f"write Best({self.k}, among=Last(20))."
+            )
+
+    def __str__(self) -> str:
+        return f"Best({self.k})" if self.among is None else f"Best({self.k}; among={self.among})"
+
+
+@dataclass(frozen=True)
+class Last:
+    """The ``k`` most recently written entries."""
+
+    k: int
+
+    def __post_init__(self) -> None:
+        _positive("Last", "k", self.k)
+
+    def __str__(self) -> str:
+        return f"Last({self.k})"
+
+
+@dataclass(frozen=True)
+class Every:
+    """Entries whose epoch is a multiple of ``n``."""
+
+    n: int
+
+    def __post_init__(self) -> None:
+        _positive("Every", "n", self.n)
+
+    def __str__(self) -> str:
+        return f"Every({self.n})"
+
+
+@dataclass(frozen=True, init=False)
+class Epochs:
+    """Specific epochs: ``Epochs(5)``, ``Epochs(range(3, 8))`` or ``Epochs([2, 4, 6])``."""
+
+    epochs: tuple[int, ...]
+    text: str = field(compare=False)
+
+    def __init__(self, spec: int | range | Iterable[int]) -> None:
+        if isinstance(spec, bool):
+            spec = [spec]  # refused below with the other non-positive values
+        if isinstance(spec, int):
+            epochs, text = (spec,), str(spec)
+        elif isinstance(spec, range) and spec.step == 1 and len(spec) > 0:
+            epochs, text = tuple(spec), f"{spec.start}:{spec.stop - 1}"
+        else:
+            epochs = tuple(spec)
+            text = "[" + ", ".join(map(str, epochs)) + "]"
+        if not epochs or any(
+            isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in epochs
+        ):
+            raise ConfigError(
+                f"Epochs({spec!r}): give positive epoch numbers; write Epochs(5), "
+                "Epochs(range(3, 8)) or Epochs([2, 4, 6])."
+            )
+        object.__setattr__(self, "epochs", tuple(sorted(set(epochs))))
+        object.__setattr__(self, "text", text)
+
+    def __str__(self) -> str:
+        return f"Epochs({self.text})"
+
+
+Selector = Union[Best, Last, Every, Epochs]  # noqa: UP007 - used at runtime by isinstance
+SELECTOR_TYPES = (Best, Last, Every, Epochs)
+
+
+def pick(
+    selector: Selector, entries: Sequence[ManifestEntry], mode: Mode | None
+) -> list[ManifestEntry]:
+    """The entries ``selector`` chooses from ``entries`` (oldest first), in their order.
+
+    ``Best`` ranks finite scores only, by ``mode``; ties keep the earlier entry, so a new
+    record must be strictly better to displace one already kept.
+    """
+    if isinstance(selector, Last):
+        return list(entries[-selector.k :])
+    if isinstance(selector, Every):
+        return [e for e in entries if e.epoch % selector.n == 0]
+    if isinstance(selector, Epochs):
+        wanted = set(selector.epochs)
+        return [e for e in entries if e.epoch in wanted]
+    pool = entries if selector.among is None else pick(selector.among, entries, mode)
+    chosen = set(map(id, ranked(pool, mode)[: selector.k]))
+    return [e for e in entries if id(e) in chosen]
+
+
+def ranked(entries: Sequence[ManifestEntry], mode: Mode | None) -> list[ManifestEntry]:
+    """Scored entries, best first (an unknown mode ranks nothing)."""
+    if mode is None:
+        return []
+    scored = [
+        (i, e) for i, e in enumerate(entries) if e.score is not None and math.isfinite(e.score)
+    ]
+    sign = 1.0 if mode == "min" else -1.0
+    return [e for _, e in sorted(scored, key=lambda ie: (sign * ie[1].score, ie[0]))]
+
+
+@dataclass(frozen=True)
+class Checkpointer:
+    """Which records a run writes and keeps: the union of the ``keep`` selectors.
+
+    ``metric`` and ``mode`` rank by something other than the experiment's monitor (give
+    both). ``scope="run"`` confines retention to the run's own entries; ``scope="dir"``
+    ranks and deletes across every run in the directory. ``dir`` stores records somewhere
+    other than the run directory; ``name`` prefixes every record's file name.
+    """
+
+    keep: Selector | tuple[Selector, ...] = (Best(3), Last(1))
+    metric: str | None = None
+    mode: Mode | None = None
+    scope: Scope = "run"
+    dir: str | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        keep = self.keep if isinstance(self.keep, tuple | list) else (self.keep,)
+        object.__setattr__(self, "keep", tuple(keep))
+        if not self.keep:
+            raise ConfigError(
+                "Checkpointer(keep=()) keeps nothing; write Checkpointer(keep=Last(1)), or "
+                "return None from checkpointer() to write no checkpoints."
+            )
+        for sel in self.keep:
+            if not isinstance(sel, SELECTOR_TYPES):
+                raise ConfigError(
+                    f"Checkpointer(keep=...) got {sel!r}, which is not a selector; write "
+                    "Best(k), Last(k), Every(n) or Epochs(...), e.g. keep=(Best(3), Last(1))."
+                )
+            if isinstance(sel, Best) and sel.among is not None:
+                raise ConfigError(
+                    f"Checkpointer(keep={sel}): among is for loading only; while training "
+                    f"keep both instead: keep=(Best({sel.k}), {sel.among})."
+                )
+        if (self.metric is None) != (self.mode is None):
+            given = f"metric={self.metric!r}" if self.mode is None else f"mode={self.mode!r}"
+            raise ConfigError(
+                f"Checkpointer({given}) gives one of metric and mode; give both, e.g. "
+                "Checkpointer(metric='acc', mode='max'), or neither to rank by the monitor."
+            )
+        if self.mode not in (None, "min", "max"):
+            raise ConfigError(f"Checkpointer(mode={self.mode!r}): mode is 'min' or 'max'.")
+        if self.scope not in ("run", "dir"):
+            raise ConfigError(f"Checkpointer(scope={self.scope!r}): scope is 'run' or 'dir'.")
+
+    @property
+    def ranks(self) -> bool:
+        """Whether some selector needs scores."""
+        return any(isinstance(s, Best) for s in self.keep)
+
+    @property
+    def best_only(self) -> bool:
+        return all(isinstance(s, Best) for s in self.keep)
+
+    @property
+    def k(self) -> int:
+        """The largest ``Best`` k (``TopKCheckpointer``'s ``k``)."""
+        return max((s.k for s in self.keep if isinstance(s, Best)), default=0)
+
+    @property
+    def keep_latest(self) -> int:
+        """The largest ``Last`` k (``TopKCheckpointer``'s ``keep_latest``)."""
+        return max((s.k for s in self.keep if isinstance(s, Last)), default=0)
+
+    def __str__(self) -> str:
+        return "(" + ", ".join(map(str, self.keep)) + ")"
+
+
+def TopKCheckpointer(  # noqa: N802 - the deprecated name is the public contract
+    k: int = 3,
+    metric: str | None = None,
+    mode: Mode | None = None,
+    dir: str | None = None,
+    name: str | None = None,
+    scope: Scope = "run",
+    keep_latest: bool | int = True,
+) -> Checkpointer:
+    """Deprecated: build the equivalent ``Checkpointer(keep=(Best(k), Last(keep_latest)))``."""
+    _warn_topk_once()
+    latest = int(keep_latest)
+    keep: tuple[Selector, ...] = (Best(k), Last(latest)) if latest else (Best(k),)
+    return Checkpointer(keep=keep, metric=metric, mode=mode, scope=scope, dir=dir, name=name)
+
+
+@functools.cache
+def _warn_topk_once() -> None:
+    # functools.cache makes this once per session (per interpreter), as the spec asks.
+    warnings.warn(
+        "TopKCheckpointer is deprecated and supported until at least 1.0.0; write "
+        "Checkpointer(keep=(Best(k), Last(1)), metric=..., mode=...) instead (same files).",
+        NitroDeprecationWarning,
+        stacklevel=3,
+    )
