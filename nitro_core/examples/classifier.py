@@ -25,9 +25,9 @@ class Classifier(Experiment):
 
     def build_data(self) -> dict[str, TensorBatches]:
         g = torch.Generator().manual_seed(4321)
-        centers = 2.0 * torch.randn(self.classes, self.features, generator=g)
+        centers = 0.6 * torch.randn(self.classes, self.features, generator=g)
         y = torch.randint(0, self.classes, (self.samples,), generator=g)
-        x = centers[y] + 1.5 * torch.randn(self.samples, self.features, generator=g)
+        x = centers[y] + 1.0 * torch.randn(self.samples, self.features, generator=g)
         cut, end = self.samples * 3 // 4, self.samples * 7 // 8
         return {
             "train": TensorBatches({"x": x[:cut], "y": y[:cut]}, self.batch_size, shuffle=True),
