@@ -9,10 +9,10 @@ checked at setup by :func:`check_required_hooks`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
 from nitro_core.errors import ConfigError, MissingHookError
 
@@ -62,9 +62,14 @@ class Experiment(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True, validate_default=True)
 
-    max_epochs: Host[int] = Field(default=10, ge=1)
+    max_epochs: Host[int] = 10
 
-    _abstract_hooks: ClassVar[tuple[str, ...]] = REQUIRED_HOOKS
+    @field_validator("max_epochs", check_fields=False)
+    @classmethod
+    def _at_least_one_epoch(cls, v: int) -> int:
+        if v < 1:
+            raise ValueError("max_epochs must be at least 1")
+        return v
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -78,6 +78,7 @@ class Nitro:
                     stacklevel=2,
                 )
             seed = point.seed
+            point.check_environment(torch.get_num_threads(), self.device)
         self.seed = 0 if seed is None else int(seed)
         self.run_id = point.continue_run if point and point.continue_run else secrets.token_hex(4)
         self.parent = point.parent if point else None
@@ -246,6 +247,11 @@ class Nitro:
             "decay_anchor": exp.decay_anchor(),
             "w0_checksum": self._w0,
             "averaged_from": self.averaged_from,
+            "environment": {
+                "torch": torch.__version__,
+                "num_threads": torch.get_num_threads(),
+                "device": str(self.device),
+            },
         }
         trees = {}
         if self.scheduler is not None:

@@ -58,6 +58,19 @@ class ResumePoint:
                 "weights: Nitro(exp, weights=...)."
             )
 
+    def check_environment(self, num_threads: int, device: Any) -> None:
+        """Warn when the process differs from the recording one in ways that change the bits."""
+        env = self.meta.get("environment") or {}
+        recorded = env.get("num_threads")
+        if recorded is not None and recorded != num_threads and str(device) == "cpu":
+            warnings.warn(
+                f"{self.file!r} was written with torch.get_num_threads()={recorded}, this process "
+                f"has {num_threads}: CPU kernels may reduce in another order, so the resume may "
+                f"not continue bit for bit. Call torch.set_num_threads({recorded}) before Nitro(...).",
+                NitroWarning,
+                stacklevel=4,
+            )
+
     def check_layout(self, layout: dict[str, Any], logger_backend: str) -> None:
         """Refuse a moved parameter layout or a different logger backend, with the diff."""
         recorded = self.meta["layout"]

@@ -19,16 +19,26 @@ _BULKY = ("rng", "optimizer", "history", "layout", "scheduler", "plateau", "logg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nitro", description="Nitro: trustworthy PyTorch checkpoints.")
+    parser = argparse.ArgumentParser(
+        prog="nitro", description="Nitro: trustworthy PyTorch checkpoints."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train the built-in Classifier on CPU and show what was kept")
-    demo.add_argument("--run-dir", default="runs/Classifier", help="where to write (default: %(default)s)")
-    demo.add_argument("--epochs", type=int, default=6, help="epochs to train (default: %(default)s)")
+    demo = sub.add_parser(
+        "demo", help="train the built-in Classifier on CPU and show what was kept"
+    )
+    demo.add_argument(
+        "--run-dir", default="runs/Classifier", help="where to write (default: %(default)s)"
+    )
+    demo.add_argument(
+        "--epochs", type=int, default=6, help="epochs to train (default: %(default)s)"
+    )
     runs_p = sub.add_parser("runs", help="list the runs and checkpoints a run directory holds")
     runs_p.add_argument("run_dir")
     info = sub.add_parser("info", help="show a record's header without loading its tensors")
     info.add_argument("file")
-    info.add_argument("--full", action="store_true", help="include RNG, optimizer, layout and history")
+    info.add_argument(
+        "--full", action="store_true", help="include RNG, optimizer, layout and history"
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
@@ -54,7 +64,9 @@ def _demo(run_dir: Path, epochs: int) -> int:
         print(f"  warning: {w.message}")
     for row in n.history:
         val = ", ".join(f"{k}={v:.4f}" for k, v in row["val"].items())
-        print(f"  epoch {row['epoch']}  step {row['step']:>4}  train_loss={row['train_loss']:.4f}  {val}")
+        print(
+            f"  epoch {row['epoch']}  step {row['step']:>4}  train_loss={row['train_loss']:.4f}  {val}"
+        )
     entries = read_manifest(run_dir)
     kept = plan(entries, n.checkpointer, n.run_id, n.ranking.pair).keep
     print(f"\nRun {n.run_id} ended: {n.stop_reason}. Kept under keep={n.checkpointer}:")
@@ -72,7 +84,9 @@ def _runs(run_dir: Path) -> int:
     from nitro_core import read_manifest
 
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"{str(run_dir)!r} is not a directory; give a run directory such as runs/Classifier")
+        raise FileNotFoundError(
+            f"{str(run_dir)!r} is not a directory; give a run directory such as runs/Classifier"
+        )
     entries = read_manifest(run_dir)
     if not entries:
         print(f"{run_dir}: no checkpoints")
@@ -84,7 +98,9 @@ def _runs(run_dir: Path) -> int:
         for e in mine:
             score = "-" if e.score is None else f"{e.metric}={e.score:.6g} ({e.mode})"
             stop = f"  [{e.stop_reason}]" if e.stop_reason else ""
-            print(f"  epoch {e.epoch:>4}  step {e.step:>6}  {score:<24} {e.bytes:>10} B  {e.file}{stop}")
+            print(
+                f"  epoch {e.epoch:>4}  step {e.step:>6}  {score:<24} {e.bytes:>10} B  {e.file}{stop}"
+            )
     return 0
 
 

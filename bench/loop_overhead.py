@@ -1,0 +1,147 @@
+"""Nitro training-loop overhead against a hand-written PyTorch loop.
+
+Measures the wall time of ``Nitro(exp).train()`` (checkpointing off: ``checkpointer()``
+returns None; no 'val' split, so no validation; ``NullLogger``) against a plain loop
+``loss = ...; opt.zero_grad(set_to_none=True); loss.backward(); opt.step()`` over the same
+MLP, the same ``TensorBatches(shuffle=True)`` data, AdamW and seed. Runs are interleaved
+in ABBA order (Nitro, hand, hand, Nitro, ...) to cancel drift; construction is timed separately. Both
+loops must end with bit-identical weights, which checks that they do the same work.
+
+Target: median Nitro / hand-written wall time <= 1.05.
+
+Run from the repository root:  python bench/loop_overhead.py [--reps 21] [--epochs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import tempfile
+import time
+
+import torch
+
+from nitro_core import Experiment, Nitro, NullLogger, TensorBatches
+
+TARGET = 1.05
+
+
+class MLPBench(Experiment):
+    features: int = 256
+    hidden: int = 256
+    classes: int = 10
+    samples: int = 10240
+    batch_size: int = 128
+    lr: float = 1e-3
+    max_epochs: int = 4
+
+    def build_data(self) -> dict[str, TensorBatches]:
+        g = torch.Generator().manual_seed(1234)
+        x = torch.randn(self.samples, self.features, generator=g)
+        y = torch.randint(0, self.classes, (self.samples,), generator=g)
+        return {"train": TensorBatches({"x": x, "y": y}, self.batch_size, shuffle=True)}
+
+    def build_model(self) -> torch.nn.Module:
+        h = self.hidden
+        return torch.nn.Sequential(
+            torch.nn.Linear(self.features, h), torch.nn.ReLU(),
+            torch.nn.Linear(h, h), torch.nn.ReLU(),
+            torch.nn.Linear(h, self.classes),
+        )  # fmt: skip
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+
+    def checkpointer(self) -> None:
+        return None
+
+    def logger(self) -> NullLogger:
+        return NullLogger()
+
+
+def run_nitro(exp: MLPBench, run_dir: str, seed: int) -> tuple[float, float, torch.nn.Module]:
+    t0 = time.perf_counter()
+    with contextlib.redirect_stderr(io.StringIO()):  # no progress bar, even on a terminal
+        n = Nitro(exp, run_dir=run_dir, seed=seed, device="cpu")
+    t1 = time.perf_counter()
+    n.train()
+    return t1 - t0, time.perf_counter() - t1, n.model
+
+
+def run_hand(exp: MLPBench, seed: int) -> tuple[float, float, torch.nn.Module]:
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)  # same draw order as Nitro: data, model, optimizer, shuffles
+    data = exp.build_data()["train"]
+    model = exp.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=exp.lr)
+    t1 = time.perf_counter()
+    model.train()
+    for _ in range(exp.max_epochs):
+        for batch in data:
+            loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return t1 - t0, time.perf_counter() - t1, model
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=21)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--samples", type=int, default=10240, help="rows (batch 128)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    exp = MLPBench(max_epochs=args.epochs, samples=args.samples)
+    steps = args.epochs * len(exp.build_data()["train"])
+    times: dict[str, list[float]] = {"nitro": [], "hand": []}
+    builds: dict[str, list[float]] = {"nitro": [], "hand": []}
+    with tempfile.TemporaryDirectory(prefix="nitro-bench-") as tmp:
+        run_nitro(exp, tmp, args.seed), run_hand(exp, args.seed)  # warm-up, untimed
+        for i in range(args.reps):
+            # ABBA order: neither loop always runs first
+            order = ("nitro", "hand") if i % 2 == 0 else ("hand", "nitro")
+            for k in order:
+                build, train, model = (
+                    run_nitro(exp, tmp, args.seed) if k == "nitro" else run_hand(exp, args.seed)
+                )
+                builds[k].append(build)
+                times[k].append(train)
+                if k == "nitro":
+                    m_nitro = model
+                else:
+                    m_hand = model
+    same = all(
+        torch.equal(a, b)
+        for a, b in zip(m_nitro.state_dict().values(), m_hand.state_dict().values())
+    )
+
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        f"MLP 256-256-256-10, batch 128, {steps} steps/run, {args.threads} thread(s), {args.reps} reps"
+    )
+    print(f"{'loop':<13}{'train s':>10}{'ms/step':>10}{'min s':>9}{'max s':>9}{'build ms':>10}")
+    for k, label in (("hand", "hand-written"), ("nitro", "Nitro")):
+        v = times[k]
+        print(
+            f"{label:<13}{med[k]:>10.3f}{1e3 * med[k] / steps:>10.3f}{min(v):>9.3f}{max(v):>9.3f}"
+            f"{1e3 * statistics.median(builds[k]):>10.1f}"
+        )
+    ratios = [a / b for a, b in zip(times["nitro"], times["hand"])]
+    print(
+        f"per-pair ratio: median {statistics.median(ratios):.3f}, range {min(ratios):.3f}-"
+        f"{max(ratios):.3f}; ratio of minima {min(times['nitro']) / min(times['hand']):.3f}"
+    )
+    print(f"final weights identical: {same}")
+    ratio = med["nitro"] / med["hand"]
+    verdict = "PASS" if ratio <= TARGET and same else "FAIL"
+    print(f"RESULT ratio Nitro/hand-written = {ratio:.3f} (target <= {TARGET}) {verdict}")
+
+
+if __name__ == "__main__":
+    main()
