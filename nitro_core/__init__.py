@@ -28,12 +28,12 @@ from nitro_core.selectors import Best, Checkpointer, Epochs, Every, Last, TopKCh
 from nitro_core.stopping import EarlyStopping, Plateau
 
 __all__ = [
-    "EMA",
     "Best",
     "CheckpointCorrupt",
     "CheckpointNotFound",
     "Checkpointer",
     "ConfigError",
+    "EMA",
     "EarlyStopping",
     "Epochs",
     "Every",

@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from nitro_core import CheckpointCorrupt, Nitro, read_manifest, runs
-from nitro_core import store
+from nitro_core import CheckpointCorrupt, Nitro, read_manifest, runs, store
 
 from .tiny import KeepLast, Tiny
 

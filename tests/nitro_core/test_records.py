@@ -13,8 +13,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from nitro_core import CheckpointCorrupt, Nitro, RecordError, checkpoint_info, read_manifest
-from nitro_core import store
+from nitro_core import CheckpointCorrupt, Nitro, RecordError, checkpoint_info, read_manifest, store
 from nitro_core.examples import Classifier
 from nitro_core.records import PREFIXES, decode_tree, encode_tree
 

@@ -18,7 +18,6 @@ import torch
 from safetensors import safe_open
 
 from nitro_core import (
-    Best,
     CheckpointCorrupt,
     Checkpointer,
     Experiment,
