@@ -9,7 +9,7 @@ loops must end with bit-identical weights, which checks that they do the same wo
 
 Target: median Nitro / hand-written wall time <= 1.05.
 
-Run from the repository root:  python bench/loop_overhead.py [--reps 21] [--epochs 2]
+Run from the repository root:  python bench/loop_overhead.py [--reps 25] [--epochs 2]
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def run_hand(exp: MLPBench, seed: int) -> tuple[float, float, torch.nn.Module]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--reps", type=int, default=21)
+    p.add_argument("--reps", type=int, default=25)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--samples", type=int, default=10240, help="rows (batch 128)")
     p.add_argument("--threads", type=int, default=1)

@@ -61,43 +61,52 @@ class CheckpointWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         entries = manifest.read_manifest(self.directory)
         metric, mode = self.pair
-        name = self._free_name(record_name(epoch, step, score, metric, self.ckpt.name), entries)
         entry = ManifestEntry(
-            file=name, epoch=epoch, step=step, score=score, metric=metric, mode=mode,
-            stop_reason=stop_reason, run=self.run, parent=self.parent,
-            written=manifest.now_iso(), bytes=0, sha256=_PLACEHOLDER_SHA,
+            file=record_name(epoch, step, score, metric, self.ckpt.name), epoch=epoch, step=step,
+            score=score, metric=metric, mode=mode, stop_reason=stop_reason, run=self.run,
+            parent=self.parent, written=manifest.now_iso(), bytes=0, sha256=_PLACEHOLDER_SHA,
         )  # fmt: skip
         if not retention.would_keep(entries, entry, self.ckpt, self.run, self.pair):
             log.debug("epoch %d not written: no selector of %s keeps it", epoch, self.ckpt)
             return None
-        path = self.directory / name
-        if path.exists():
-            moved = store.set_aside(path, ".orphaned")
-            warnings.warn(
-                f"{str(path)!r} was on disk but listed by no manifest entry (left by an "
-                f"interrupted run); moved it to {moved.name!r} before writing epoch {epoch}.",
-                NitroWarning,
-                stacklevel=4,
-            )
-        tensors, meta = records.encode(snapshot())
-        size, sha = store.write_record(path, tensors, meta)
-        entry = entry.model_copy(
-            update={"bytes": size, "sha256": sha, "written": manifest.now_iso()}
-        )
         with store.manifest_lock(self.directory):
-            current = manifest.load(self.directory)
-            current.entries.append(entry)
-            plan = retention.plan(current.entries, self.ckpt, self.run, self.pair)
-            doomed = set(plan.delete)
-            current.entries = [e for e in current.entries if e.file not in doomed]
-            manifest.save(self.directory, current)
+            reservation = self._reserve(entry.file, manifest.read_manifest(self.directory))
+        try:
+            for moved in reservation.set_aside:
+                warnings.warn(
+                    f"{moved.name.removesuffix('.stale')!r} in {str(self.directory)!r} was left by an "
+                    f"interrupted write and is listed by no manifest entry; moved it to "
+                    f"{moved.name!r} before writing epoch {epoch}.",
+                    NitroWarning,
+                    stacklevel=4,
+                )
+            entry = entry.model_copy(update={"file": reservation.path.name})
+            tensors, meta = records.encode(snapshot())
+            size, sha = store.write_record(reservation, tensors, meta)
+            entry = entry.model_copy(
+                update={"bytes": size, "sha256": sha, "written": manifest.now_iso()}
+            )
+            with store.manifest_lock(self.directory):
+                current = manifest.load(self.directory)
+                current.entries.append(entry)
+                plan = retention.plan(current.entries, self.ckpt, self.run, self.pair)
+                doomed = set(plan.delete)
+                current.entries = [e for e in current.entries if e.file not in doomed]
+                manifest.save(self.directory, current)
+        finally:
+            reservation.release()
         for file in plan.delete:
             store.remove_file(self.directory / file)
         return None if entry.file in doomed else entry
 
-    def _free_name(self, name: str, entries: list[ManifestEntry]) -> str:
-        """``name``, or ``name`` with ``-run-<id>`` inserted when another run listed it."""
-        taken = {e.file for e in entries if e.run != self.run}
-        if name not in taken:
-            return name
-        return name.removesuffix(SUFFIX) + f"-run-{self.run}" + SUFFIX
+    def _reserve(self, name: str, entries: list[ManifestEntry]) -> store.Reservation:
+        """Claim ``name``, or ``name`` with ``-run-<id>`` inserted when another run listed it
+        or is writing it right now."""
+        listed = {e.file for e in entries}
+        for candidate in (name, name.removesuffix(SUFFIX) + f"-run-{self.run}" + SUFFIX):
+            if candidate in listed:
+                continue
+            reservation = store.reserve(self.directory / candidate)
+            if reservation is not None:
+                return reservation
+        raise AssertionError(f"run {self.run} found its own record name {name!r} taken")

@@ -54,6 +54,13 @@ class EMATracker:
             self.shadow[k].copy_(self._live[k])
         self.num_updates += 1
 
+    def reset(self) -> None:
+        """Start the average over from the model's current weights."""
+        with torch.no_grad():
+            for k, t in self.shadow.items():
+                t.copy_(self._live[k])
+        self.num_updates = 0
+
     def load(self, shadow: Mapping[str, torch.Tensor], num_updates: int) -> None:
         with torch.no_grad():
             for k, t in self.shadow.items():

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from nitro_core.anchor import W0Anchor
 from nitro_core.ema import EMATracker
 from nitro_core.experiment import Experiment
 from nitro_core.progress import Progress
@@ -52,6 +53,7 @@ class StepHooks:
 
     scheduler: Any = None
     ema: EMATracker | None = None
+    anchor: W0Anchor | None = None
     progress: Progress | None = None
 
 
@@ -79,6 +81,8 @@ def train_epoch(
         loss.backward()
         optimizer.step()
         # per-step collaborators
+        if hooks.anchor is not None:
+            hooks.anchor.apply()
         if hooks.scheduler is not None:
             hooks.scheduler.step()
         if hooks.ema is not None:

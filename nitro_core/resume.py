@@ -18,6 +18,8 @@ from nitro_core.errors import CheckpointNotFound, ConfigError, NitroWarning, Res
 from nitro_core.experiment import Experiment, config_diff
 from nitro_core.manifest import ManifestEntry
 from nitro_core.records import Record
+from nitro_core.resolve import resolve
+from nitro_core.sources import Average, Pair, Source, to_source
 
 
 @dataclass
@@ -114,9 +116,29 @@ def resolve_resume(resume: Any, run_dir: Path) -> ResumePoint | None:
             )
             return None
         return latest_point(entries, run_dir)
-    from nitro_core.sources import resolve_resume_source
+    return resume_from_source(to_source(resume, "resume"), run_dir, entries)
 
-    return resolve_resume_source(resume, run_dir, entries)
+
+def resume_from_source(source: Source, run_dir: Path, entries: list[ManifestEntry]) -> ResumePoint:
+    """The resume point a source names: continue its run when it is the run's latest
+    listed record in ``run_dir``, else branch."""
+    if isinstance(source, Pair) and isinstance(source.pick, Average):
+        raise ConfigError(
+            f"resume={str(source)!r}: an average carries no optimizer state to continue. Start "
+            f"a new run from it with weights={str(source)!r}, or resume a record: "
+            f"resume='{source.run} => latest'."
+        )
+    if isinstance(source, Pair) and not entries:
+        raise CheckpointNotFound(
+            f"Nothing to resume in {str(run_dir)!r} for resume={str(source)!r}: it holds no "
+            "checkpoints. Use resume='auto' to start fresh when there is nothing to resume."
+        )
+    found = resolve(source, run_dir, entries)
+    if found.entry is not None and found.path.parent.resolve() == run_dir.resolve():
+        return point_for(found.entry, entries, run_dir)
+    return ResumePoint(
+        path=found.path, entry=found.entry, meta=store.read_header(found.path), continue_run=None
+    )
 
 
 def latest_point(entries: list[ManifestEntry], run_dir: Path) -> ResumePoint:

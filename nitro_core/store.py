@@ -12,6 +12,7 @@ inter-process file lock (``.manifest.lock`` beside it).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +82,64 @@ def commit(write: Callable[[Any], Any], path: Path) -> Any:
     return result
 
 
+# -- reserving a record's name ---------------------------------------------------------------
+@dataclass
+class Reservation:
+    """A record name claimed by this process: its ``.tmp`` is created and flock-ed, and the
+    lock follows the inode through the rename until :meth:`release`, so another writer can
+    tell a file in flight from one left by a killed process."""
+
+    path: Path
+    fd: int
+    set_aside: list[Path]
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing drops the flock
+            self.fd = -1
+
+
+def reserve(path: Path) -> Reservation | None:
+    """Claim ``path`` for a new record, or None when another live process is writing it.
+
+    A ``.tmp`` or an unlisted final file that no live process holds is a leftover of an
+    interrupted write: it is moved aside (``.stale``) rather than overwritten. Call with the
+    manifest lock held, after checking the manifest does not list ``path``.
+    """
+    moved: list[Path] = []
+    for leftover in (tmp_path(path), path):
+        if leftover.exists():
+            if in_flight(leftover):
+                return None
+            moved.append(set_aside(leftover, ".stale"))
+    fd = os.open(tmp_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return Reservation(path=path, fd=fd, set_aside=moved)
+
+
+def in_flight(path: Path) -> bool:
+    """Whether a live process holds the write lock of ``path``."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the probe's lock
+    return False
+
+
 # -- records --------------------------------------------------------------------------------
 def write_record(
-    path: Path, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
+    target: Path | Reservation, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
 ) -> tuple[int, str]:
     """Write a record atomically; returns (bytes, sha256 hex) of the committed file.
+
+    ``target`` is a :class:`Reservation` (the checkpoint writer's way: the file stays locked
+    until its manifest entry is committed) or a plain path (exports, tests).
 
     Every tensor must already be a host tensor: a leaf left on a device is refused here,
     by its path, before a byte is written.
@@ -127,7 +182,15 @@ def write_record(
                 job.result()
         return sha.hexdigest()
 
-    return total, commit(write, path)
+    if isinstance(target, Reservation):
+        with os.fdopen(os.dup(target.fd), "wb") as f:
+            sha = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_path(target.path), target.path)
+        fsync_dir(target.path.parent)
+        return total, sha
+    return total, commit(write, target)
 
 
 def _blocks(head: bytes, tensors: Mapping[str, torch.Tensor], order: list[str]) -> Iterator[Any]:
@@ -240,6 +303,10 @@ def remove_file(path: Path) -> None:
 def set_aside(path: Path, suffix: str) -> Path:
     """Rename an unlisted file out of the way of a write; returns its new path."""
     target = path.with_name(path.name + suffix)
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{suffix}{n}")
     os.replace(path, target)
     fsync_dir(path.parent)
     return target

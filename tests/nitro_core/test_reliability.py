@@ -266,12 +266,14 @@ def test_two_processes_share_a_run_directory(tmp_path, workers):
         groups.setdefault(base(e.file), []).append(i)
     shared = {name: idx for name, idx in groups.items() if len(idx) > 1}
     assert shared, f"no file name collided: {[e.file for e in entries]}"
+    listing = "\n".join(f"  {e.run} epoch {e.epoch} {e.written} {e.file}" for e in entries)
     for name, (first, second, *more) in shared.items():
-        assert not more, f"{name} listed {2 + len(more)} times"
+        assert not more, f"{name} listed {2 + len(more)} times:\n{listing}"
         a, b = entries[first], entries[second]
-        assert a.run != b.run, (a, b)
-        assert a.file == name, f"the first writer of {name} got {a.file}"
-        assert b.file == name.removesuffix(".safetensors") + f"-run-{b.run}.safetensors", b
+        assert a.run != b.run, f"{name} listed twice for one run:\n{listing}"
+        assert a.file == name, f"the first writer of {name} got {a.file}:\n{listing}"
+        suffixed = name.removesuffix(".safetensors") + f"-run-{b.run}.safetensors"
+        assert b.file == suffixed, f"the second writer of {name} got {b.file}:\n{listing}"
 
 
 # -- 4. a NaN score is refused, nothing on disk lost --------------------------------------------

@@ -1,0 +1,78 @@
+"""Loading a record's tensors into live objects: parameters and layer state (strict or by
+name), an EMA's copy, and an optimizer's state under a fresh schedule. Every refusal names
+the leaf and both sizes."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from nitro_core.errors import ConfigError, NitroWarning
+
+
+def load_model_state(
+    model: torch.nn.Module, state: Mapping[str, torch.Tensor], strict: bool, origin: str, owner: str
+) -> None:
+    """Load ``state`` into ``model``. A size mismatch always refuses; with ``strict=False`` a
+    leaf missing from ``state`` keeps its fresh value and an extra one is dropped, both with
+    a warning."""
+    current = model.state_dict()
+    for key, value in state.items():
+        if key in current and tuple(current[key].shape) != tuple(value.shape):
+            raise ConfigError(
+                f"Checkpoint {origin!r} does not fit {owner}'s model: leaf {key!r} has size "
+                f"{list(value.shape)} in the record and {list(current[key].shape)} in the model. "
+                "Build the model the record was written with (same config), or train a new run."
+            )
+    missing = [k for k in current if k not in state]
+    extra = [k for k in state if k not in current]
+    if strict and (missing or extra):
+        parts = []
+        if missing:
+            parts.append(f"the record lacks {_names(missing)}")
+        if extra:
+            parts.append(f"it has {_names(extra)} that the model lacks")
+        raise ConfigError(
+            f"Checkpoint {origin!r} does not fit {owner}'s model: {' and '.join(parts)}. Build "
+            "the model the record was written with, or pass strict=False to load the leaves that "
+            "match by name (missing ones keep their fresh values, extra ones are dropped)."
+        )
+    if missing:
+        warnings.warn(
+            f"strict=False: {_names(missing)} not in {origin!r}; they keep their fresh values.",
+            NitroWarning,
+            stacklevel=4,
+        )
+    if extra:
+        warnings.warn(
+            f"strict=False: {_names(extra)} in {origin!r} match no leaf of the model; dropped.",
+            NitroWarning,
+            stacklevel=4,
+        )
+    model.load_state_dict({k: v for k, v in state.items() if k in current}, strict=False)
+
+
+def load_optimizer_fresh_schedule(
+    optimizer: torch.optim.Optimizer, recorded: dict[str, Any]
+) -> None:
+    """Take the record's per-parameter optimizer state but keep this optimizer's
+    hyperparameters (learning rate, betas, ...): a fresh schedule over the old moments."""
+    fresh = optimizer.state_dict()["param_groups"]
+    groups = recorded["param_groups"]
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in fresh]:
+        raise ConfigError(
+            "restore_optimizer=True: the record's optimizer groups hold "
+            f"{[len(g['params']) for g in groups]} parameters, this optimizer's "
+            f"{[len(g['params']) for g in fresh]}. Build the optimizer with the same groups, or "
+            "drop restore_optimizer."
+        )
+    merged = [{**f, "params": g["params"]} for f, g in zip(fresh, groups)]
+    optimizer.load_state_dict({"state": recorded["state"], "param_groups": merged})
+
+
+def _names(keys: list[str], limit: int = 6) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")

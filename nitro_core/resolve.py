@@ -1,0 +1,142 @@
+"""Resolving a parsed source to record files, from the manifest alone.
+
+``latest`` is the run that wrote the last entry; ``all`` is allowed only as ``all => best``;
+``best`` ranks only entries scored under one (metric, mode) pair and warns when the pool
+mixes pairs. Nothing asked for is ever replaced by fresh weights: a miss raises, naming the
+directory and the runs it holds.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from nitro_core import manifest, retention
+from nitro_core.errors import CheckpointNotFound, ConfigError, NitroWarning
+from nitro_core.manifest import ManifestEntry
+from nitro_core.retention import Pair as ScorePair
+from nitro_core.selectors import ranked
+from nitro_core.sources import Average, Pair, PathSource, Source
+from nitro_core.store import TMP_SUFFIX
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What a source names: one file (``entry`` when the manifest lists it), or for an
+    ``Average`` the picked entries and the one that supplies layer state."""
+
+    source: Source
+    path: Path
+    entry: ManifestEntry | None
+    picked: tuple[ManifestEntry, ...] = ()
+
+    @property
+    def run(self) -> str | None:
+        return self.entry.run if self.entry else None
+
+
+def resolve(
+    source: Source, run_dir: Path, entries: list[ManifestEntry], pair: ScorePair | None = None
+) -> Resolved:
+    """The file ``source`` names in ``run_dir``; ``pair`` is the (metric, mode) that ranks
+    ``best`` (default: the pair of the pool's latest scored entry)."""
+    if isinstance(source, PathSource):
+        return _resolve_path(source, run_dir, entries)
+    where = str(run_dir)
+    if not entries:
+        raise CheckpointNotFound(
+            f"No checkpoint matches {str(source)!r} in {where!r}: it holds no checkpoints "
+            "(no manifest entries). Train a run there first, or name a record file by its path."
+        )
+    if source.run.kind == "all":
+        if source.pick == "latest":
+            raise ConfigError(
+                "'all => latest' names no single checkpoint: every run has its own latest. Write "
+                "'latest => latest' (the run that wrote last) or '<run id> => latest'."
+            )
+        if isinstance(source.pick, Average):
+            raise ConfigError(
+                f"{str(source)!r}: averaging across runs is planned, not yet supported. Average "
+                f"within one run: 'latest => {source.pick}' or '<run id> => {source.pick}'."
+            )
+        pool = entries
+    else:
+        run = manifest.latest_run(entries) if source.run.kind == "latest" else source.run.id
+        pool = manifest.run_entries(entries, run)
+        if not pool:
+            raise CheckpointNotFound(
+                f"No run {run!r} in {where!r}; it holds {manifest.describe_runs(entries)}. "
+                f"Write one of those run ids, or 'latest => {source.pick}'."
+            )
+    if source.pick == "latest":
+        return Resolved(source, run_dir / pool[-1].file, pool[-1])
+    if source.pick == "best":
+        best = pick_best(source, pool, pair, where)
+        return Resolved(source, run_dir / best.file, best)
+    from nitro_core.averaging import resolve_average  # noqa: PLC0415 - averaging builds on this module
+
+    return resolve_average(source, run_dir, pool, entries, pair)
+
+
+def pick_best(
+    source: Pair, pool: list[ManifestEntry], pair: ScorePair | None, where: str
+) -> ManifestEntry:
+    """The best entry of ``pool`` under ``pair``, warning when other pairs are mixed in."""
+    scored = [e for e in pool if e.score is not None]
+    if pair is None or pair[0] is None:
+        pair = scored[-1].pair if scored else (None, None)
+    mine = [e for e in scored if e.pair == pair]
+    runs = ", ".join(dict.fromkeys(e.run for e in pool))
+    if not mine:
+        have = Counter(e.pair for e in scored)
+        has = retention.describe_pairs(have) if have else f"only unscored entries x{len(pool)}"
+        metric, mode = pair
+        hint = (
+            f"Write Checkpointer(metric={have.most_common(1)[0][0][0]!r}, mode={have.most_common(1)[0][0][1]!r}) or rank by {metric} in a new run."
+            if have
+            else f"Write '{source.run} => latest', or keep a 'val' split so epochs are scored."
+        )
+        raise CheckpointNotFound(
+            f"No checkpoint matches {str(source)!r} in {where!r}: run {runs} has no entry scored "
+            f"by {metric} ({mode}); it has {has}. {hint}"
+        )
+    others = Counter(e.pair for e in scored if e.pair != pair)
+    if others:
+        warnings.warn(
+            f"{str(source)!r} ranks only entries scored by {pair[0]} ({pair[1]}); {where!r} also "
+            f"holds {retention.describe_pairs(others)}, which are not compared with them.",
+            NitroWarning,
+            stacklevel=4,
+        )
+    return ranked(mine, pair[1])[0]
+
+
+def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry]) -> Resolved:
+    given = Path(source.path)
+    if given.name.endswith(TMP_SUFFIX) or ".safetensors.stale" in given.name:
+        raise ConfigError(
+            f"{source.path!r} is a partial file left by an interrupted write, never a checkpoint. "
+            "Name a committed record instead (read_manifest lists them), e.g. 'latest => latest'."
+        )
+    candidates = [given] if given.is_absolute() else [given, run_dir / given]
+    for path in candidates:
+        if path.is_file():
+            break
+    else:
+        looked = " and ".join(repr(str(p)) for p in candidates)
+        raise CheckpointNotFound(
+            f"Checkpoint file {source.path!r} not found (looked at {looked}); {str(run_dir)!r} "
+            f"holds {manifest.describe_runs(entries)}. Write an existing path, or a pair such as "
+            "'latest => best'."
+        )
+    home = path.resolve().parent
+    listing = entries if home == run_dir.resolve() else manifest.read_manifest(home)
+    entry = next((e for e in listing if e.file == path.name), None)
+    return Resolved(source, path, entry)
+
+
+def partial_files(run_dir: Path) -> list[Path]:
+    """``.tmp`` files in ``run_dir`` (left by a killed write, or in flight right now)."""
+    return sorted(run_dir.glob(f"*{TMP_SUFFIX}")) if run_dir.is_dir() else []

@@ -1,0 +1,364 @@
+"""Sources: how a user names a checkpoint, parsed from a whitelist grammar, never evaluated.
+
+The grammar (EBNF); whitespace is free between tokens, a symbol may carry a Julia-style
+leading colon (``:latest``), and a text of more than ``MAX_LENGTH`` characters is refused::
+
+    source    = pair | path
+    pair      = run "=>" pick
+    run       = "latest" | "all" | run_id | quoted_string
+    pick      = "best" | "latest" | average
+    average   = "Average" "(" selector { "," option } ")"
+    selector  = "Best" "(" int [ ("," | ";") "among" "=" selector ] ")"
+              | "Last" "(" int ")" | "Every" "(" int ")"
+              | "Epochs" "(" ( int | range | vector ) ")"
+    option    = "state" "=" ("best" | "latest")
+    range     = int ":" int
+    vector    = "[" int { "," int } "]"
+    path      = any text ending in ".safetensors" (a file, relative to run_dir or absolute)
+    run_id    = letters, digits, "_" and "-", not a keyword
+    quoted_string = '"' { any character but '"' } '"'  (or single quotes)
+
+One tokenizer, one function per rule, frozen dataclasses out, and a
+:class:`~nitro_core.errors.SourceSyntaxError` naming the position, what was found and what
+was expected.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from nitro_core.errors import ConfigError, SourceSyntaxError
+from nitro_core.selectors import Best, Epochs, Every, Last, Selector
+
+MAX_LENGTH = 512
+MAX_INT = 10**9
+PATH_SUFFIX = ".safetensors"
+_KEYWORDS = {
+    "latest",
+    "all",
+    "best",
+    "Average",
+    "Best",
+    "Last",
+    "Every",
+    "Epochs",
+    "among",
+    "state",
+}
+
+
+@dataclass(frozen=True)
+class Average:
+    """Uniformly average the parameters of what ``selector`` picks; layer state comes from
+    the best picked record when the selector ranks, else the latest, or as ``state`` says."""
+
+    selector: Selector
+    state: Literal["best", "latest"] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.selector, Best | Last | Every | Epochs):
+            raise ConfigError(
+                f"Average({self.selector!r}): give a selector, e.g. Average(Last(10)) or "
+                "Average(Best(5, among=Last(20)))."
+            )
+        if self.state not in (None, "best", "latest"):
+            raise ConfigError(f"Average(state={self.state!r}): state is 'best' or 'latest'.")
+
+    def __str__(self) -> str:
+        return f"Average({self.selector}" + (f", state={self.state}" if self.state else "") + ")"
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """``latest`` (the run that wrote the last entry), ``all``, or a run id."""
+
+    kind: Literal["latest", "all", "id"]
+    id: str | None = None
+
+    def __str__(self) -> str:
+        return self.id if self.kind == "id" else self.kind
+
+
+Pick = Literal["best", "latest"] | Average
+
+
+@dataclass(frozen=True)
+class Pair:
+    """``run => pick``."""
+
+    run: RunRef
+    pick: Pick
+
+    def __str__(self) -> str:
+        return f"{self.run} => {self.pick}"
+
+
+@dataclass(frozen=True)
+class PathSource:
+    """A record file named by its path."""
+
+    path: str
+
+    def __str__(self) -> str:
+        return self.path
+
+
+Source = Pair | PathSource
+
+
+# -- the tokenizer ------------------------------------------------------------------------------
+_TOKEN = re.compile(
+    r"""
+    (?P<ws>\s+)
+  | (?P<arrow>=>)
+  | (?P<int>-?\d+)
+  | (?P<name>:?[A-Za-z_][A-Za-z0-9_\-]*)
+  | (?P<quoted>"[^"]*"|'[^']*')
+  | (?P<punct>[()\[\],;=:])
+    """,
+    re.VERBOSE,
+)
+
+
+@dataclass(frozen=True)
+class _Tok:
+    kind: str  # arrow, int, name, quoted, punct, end
+    text: str
+    pos: int
+
+
+def _tokenize(text: str) -> list[_Tok]:
+    tokens, pos = [], 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise SourceSyntaxError(
+                f"Cannot parse source {text!r}: at position {pos} found {text[pos]!r}, which "
+                "the grammar does not allow. Write a pair such as 'latest => best' or "
+                "'latest => Average(Last(10))', or a path ending in .safetensors."
+            )
+        if m.lastgroup != "ws":
+            value = m.group()
+            kind = m.lastgroup or "punct"
+            if kind == "name":
+                value = value.removeprefix(":")  # Julia symbols: :latest == latest
+            elif kind == "quoted":
+                value = value[1:-1]
+            tokens.append(_Tok(kind, value, m.start()))
+        pos = m.end()
+    tokens.append(_Tok("end", "", len(text)))
+    return tokens
+
+
+# -- the parser ----------------------------------------------------------------------------------
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = _tokenize(text)
+        self.i = 0
+
+    @property
+    def tok(self) -> _Tok:
+        return self.tokens[self.i]
+
+    def fail(self, expected: str) -> SourceSyntaxError:
+        tok = self.tok
+        found = "the end of the text" if tok.kind == "end" else repr(tok.text)
+        return SourceSyntaxError(
+            f"Cannot parse source {self.text!r}: at position {tok.pos} found {found}, expected "
+            f"{expected}. Write a pair such as 'latest => best' or 'latest => Average(Last(10))', "
+            "or a path ending in .safetensors."
+        )
+
+    def take(self, kind: str, text: str | None = None, expected: str | None = None) -> _Tok:
+        tok = self.tok
+        if tok.kind != kind or (text is not None and tok.text != text):
+            raise self.fail(expected or repr(text))
+        self.i += 1
+        return tok
+
+    def at(self, kind: str, text: str | None = None) -> bool:
+        return self.tok.kind == kind and (text is None or self.tok.text == text)
+
+    # source = pair
+    def source(self) -> Pair:
+        pair = self.pair()
+        self.take("end", expected="the end of the source")
+        return pair
+
+    # pair = run "=>" pick
+    def pair(self) -> Pair:
+        run = self.run()
+        self.take("arrow", expected="'=>'")
+        return Pair(run, self.pick())
+
+    # run = "latest" | "all" | run_id | quoted_string
+    def run(self) -> RunRef:
+        tok = self.tok
+        if tok.kind == "quoted":
+            self.i += 1
+            return RunRef("id", tok.text)
+        if tok.kind == "name" and tok.text in ("latest", "all"):
+            self.i += 1
+            return RunRef(tok.text)  # type: ignore[arg-type]
+        if tok.kind in ("name", "int") and tok.text not in _KEYWORDS:
+            self.i += 1
+            return RunRef("id", tok.text)
+        raise self.fail("a run: latest, all, a run id or a quoted run id")
+
+    # pick = "best" | "latest" | average
+    def pick(self) -> Pick:
+        tok = self.tok
+        if tok.kind == "name" and tok.text in ("best", "latest"):
+            self.i += 1
+            return tok.text  # type: ignore[return-value]
+        if self.at("name", "Average"):
+            return self.average()
+        raise self.fail("best, latest or Average(...)")
+
+    # average = "Average" "(" selector { "," option } ")"
+    def average(self) -> Average:
+        self.take("name", "Average")
+        self.take("punct", "(")
+        selector = self.selector()
+        state = None
+        while self.at("punct", ","):
+            self.i += 1
+            self.take("name", "state", expected="state=best or state=latest")
+            self.take("punct", "=")
+            tok = self.tok
+            if not (tok.kind == "name" and tok.text in ("best", "latest")):
+                raise self.fail("best or latest")
+            self.i += 1
+            state = tok.text
+        self.take("punct", ")", expected="',' or ')'")
+        return Average(selector, state)  # type: ignore[arg-type]
+
+    # selector = Best(int [;among=selector]) | Last(int) | Every(int) | Epochs(...)
+    def selector(self) -> Selector:
+        tok = self.tok
+        if not (tok.kind == "name" and tok.text in ("Best", "Last", "Every", "Epochs")):
+            raise self.fail("a selector: Best(k), Last(k), Every(n) or Epochs(...)")
+        self.i += 1
+        self.take("punct", "(")
+        if tok.text == "Epochs":
+            value = self.epochs()
+        else:
+            k = self.int(positive=True)
+            if tok.text == "Best" and (self.at("punct", ",") or self.at("punct", ";")):
+                self.i += 1
+                self.take("name", "among", expected="among=")
+                self.take("punct", "=")
+                value = Best(k, among=self.selector())
+            else:
+                value = {"Best": Best, "Last": Last, "Every": Every}[tok.text](k)
+        self.take("punct", ")", expected="')'")
+        return value
+
+    # Epochs( int | range | vector )
+    def epochs(self) -> Epochs:
+        if self.at("punct", "["):
+            self.i += 1
+            values = [self.int(positive=True)]
+            while self.at("punct", ","):
+                self.i += 1
+                values.append(self.int(positive=True))
+            self.take("punct", "]", expected="',' or ']'")
+            return Epochs(values)
+        first = self.int(positive=True)
+        if self.at("punct", ":"):
+            self.i += 1
+            last = self.int(positive=True)
+            if last < first:
+                raise self.fail(f"a range whose end is at least its start {first}")
+            return Epochs(range(first, last + 1))
+        return Epochs(first)
+
+    def int(self, positive: bool) -> int:
+        tok = self.tok
+        if tok.kind != "int":
+            raise self.fail("a positive integer")
+        value = int(tok.text)
+        if positive and not 1 <= value <= MAX_INT:
+            raise self.fail(f"a positive integer up to {MAX_INT}")
+        self.i += 1
+        return value
+
+
+def parse_source(text: str) -> Source:
+    """Parse a source string into a :class:`Pair` or a :class:`PathSource`.
+
+    Raises :class:`SourceSyntaxError` (a ``ValueError``) for anything else.
+    """
+    if not isinstance(text, str):
+        raise SourceSyntaxError(
+            f"A source must be a string, got {type(text).__name__}; write 'latest => best'."
+        )
+    if len(text) > MAX_LENGTH:
+        raise SourceSyntaxError(
+            f"Source is {len(text)} characters long; the limit is {MAX_LENGTH}. Write a pair "
+            "such as 'latest => best' or a path ending in .safetensors."
+        )
+    stripped = text.strip()
+    if stripped.endswith(PATH_SUFFIX) and "=>" not in stripped:
+        return PathSource(stripped)
+    if stripped.lstrip(":") in ("best", "latest"):
+        word = stripped.lstrip(":")
+        raise SourceSyntaxError(
+            f"Source {text!r} names a checkpoint but not the run it belongs to; write "
+            f"'latest => {word}' (the latest run's {word})"
+            + (" or 'all => best' (the best of every run)." if word == "best" else ".")
+        )
+    return _Parser(text).source()
+
+
+def parse_average(text: str) -> Average:
+    """Parse ``Average(...)`` alone (``restore_best`` takes it as a string)."""
+    if len(text) > MAX_LENGTH:
+        raise SourceSyntaxError(
+            f"Average is {len(text)} characters long; the limit is {MAX_LENGTH}."
+        )
+    parser = _Parser(text)
+    if not parser.at("name", "Average"):
+        raise SourceSyntaxError(
+            f"Cannot parse {text!r}: at position {parser.tok.pos} expected true, false or "
+            "Average(...), e.g. 'Average(Last(10))'."
+        )
+    average = parser.average()
+    parser.take("end", expected="the end of the text")
+    return average
+
+
+def to_source(value: object, keyword: str = "source") -> Source:
+    """A source from any accepted Python form: a string, a path, or a (run, pick) tuple."""
+    if isinstance(value, Pair | PathSource):
+        return value
+    if isinstance(value, Path):
+        return PathSource(str(value))
+    if isinstance(value, str):
+        return parse_source(value)
+    if isinstance(value, tuple) and len(value) == 2:
+        run, pick = value
+        if isinstance(pick, str):
+            return parse_source(f"{_run_text(run)} => {pick}")
+        if isinstance(pick, Average):
+            return Pair(parse_source(f"{_run_text(run)} => latest").run, pick)
+    raise ConfigError(
+        f"{keyword}={value!r} is not a source; write a string such as 'latest => best', a tuple "
+        "such as ('latest', Average(Last(10))), or a path to a .safetensors file."
+    )
+
+
+def _run_text(run: object) -> str:
+    if not isinstance(run, str):
+        raise ConfigError(
+            f"A source's run must be a string, got {run!r}; write 'latest', 'all' or a run id."
+        )
+    return (
+        run
+        if run.lstrip(":") in ("latest", "all") or re.fullmatch(r"[A-Za-z0-9_\-]+", run)
+        else repr(run)
+    )

@@ -1,0 +1,110 @@
+"""Setup helpers of the handle: where a run lives, which device, the data splits, the hook
+return values, and Ctrl+C."""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nitro_core.errors import ConfigError, NitroWarning
+from nitro_core.experiment import Experiment
+from nitro_core.selectors import Checkpointer
+
+
+def resolve_run_dir(run_dir: str | Path | None, ckpt: Checkpointer | None, name: str) -> Path:
+    if ckpt is not None and ckpt.dir is not None:
+        if run_dir is not None and Path(run_dir) != Path(ckpt.dir):
+            raise ConfigError(
+                f"run_dir={str(run_dir)!r} disagrees with Checkpointer(dir={ckpt.dir!r}); give "
+                "one of them, or the same directory to both."
+            )
+        return Path(ckpt.dir)
+    return Path(run_dir) if run_dir is not None else Path("runs") / name
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"device={device!r} is not a device; write 'auto', 'cpu' or 'cuda:0'."
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={device!r} asks for CUDA, which this machine lacks; write 'auto' or 'cpu'."
+        )
+    return dev
+
+
+def build_splits(exp: Experiment) -> dict[str, Any]:
+    name = type(exp).__name__
+    data = exp.build_data()
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{name}.build_data() returned {type(data).__name__}; return a dict of split name -> "
+            "re-iterable of batches, e.g. {'train': ..., 'val': ...}."
+        )
+    if "train" not in data:
+        raise ConfigError(
+            f"{name}.build_data() returned the splits {sorted(data)} without 'train'; return "
+            "{'train': ..., 'val': ...} ('train' is required to train, 'val' enables ranking)."
+        )
+    return data
+
+
+def check_kind(name: str, hook: str, value: Any, kind: type) -> None:
+    if value is not None and not isinstance(value, kind):
+        raise ConfigError(
+            f"{name}.{hook}() returned {value!r}; return {kind.__name__}(...) or None."
+        )
+
+
+def summary(row: dict[str, Any]) -> str:
+    val = " ".join(
+        f"{k}={v:.4g}" for k, v in row["val"].items() if isinstance(v, float) and math.isfinite(v)
+    )
+    return f"epoch {row['epoch']} step {row['step']} train_loss={row['train_loss']:.4g} {val}"
+
+
+def install_sigint(stop: Any) -> Any:
+    """Ctrl+C asks for a graceful stop; a second Ctrl+C interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    pressed = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(True)
+        stop()
+
+    return signal.signal(signal.SIGINT, handler)
+
+
+def restore_sigint(previous: Any) -> None:
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
+
+
+def warn_partial_files(run_dir: Path) -> None:
+    """Warn about ``.tmp`` files a killed write left behind (never those in flight now)."""
+    from nitro_core import store
+    from nitro_core.resolve import partial_files
+
+    for path in partial_files(run_dir):
+        if not store.in_flight(path):
+            warnings.warn(
+                f"{path.name!r} in {str(run_dir)!r} is a partial file left by an interrupted "
+                "write: it is never selected, loaded or resumed into, and a write that would "
+                "land on it moves it aside first. Delete it when you no longer need it.",
+                NitroWarning,
+                stacklevel=3,
+            )
