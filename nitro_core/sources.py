@@ -114,8 +114,8 @@ _TOKEN = re.compile(
     r"""
     (?P<ws>\s+)
   | (?P<arrow>=>)
-  | (?P<int>-?\d+)
-  | (?P<name>:?[A-Za-z_][A-Za-z0-9_\-]*)
+  | (?P<int>-?\d+(?![A-Za-z0-9_\-]))
+  | (?P<name>:[A-Za-z_][A-Za-z0-9_\-]*|[A-Za-z0-9_][A-Za-z0-9_\-]*)
   | (?P<quoted>"[^"]*"|'[^']*')
   | (?P<punct>[()\[\],;=:])
     """,
@@ -134,12 +134,9 @@ def _tokenize(text: str) -> list[_Tok]:
     tokens, pos = [], 0
     while pos < len(text):
         m = _TOKEN.match(text, pos)
-        if m is None:
-            raise SourceSyntaxError(
-                f"Cannot parse source {text!r}: at position {pos} found {text[pos]!r}, which "
-                "the grammar does not allow. Write a pair such as 'latest => best' or "
-                "'latest => Average(Last(10))', or a path ending in .safetensors."
-            )
+        if m is None:  # reported by the parser when it gets here, in reading order
+            tokens.append(_Tok("bad", text[pos], pos))
+            break
         if m.lastgroup != "ws":
             value = m.group()
             kind = m.lastgroup or "punct"

@@ -1,0 +1,134 @@
+"""Latency of ``nitro_core.checkpoint_info(path)`` on a ~1 GB record.
+
+Builds a realistic record: a 96-block MLP (Linear + LayerNorm: ~400 layout entries)
+sized so params + AdamW state fill ``--size-mb``, encoded by ``records.encode`` with a
+header like the handle's (config, history, RNG state, logger, ...), written with
+``store.write_record``. Then times ``checkpoint_info`` (header bytes only) over ``--calls``
+calls, interleaved with the baseline ``safetensors.safe_open(...).metadata()`` on the same
+file (and that plus ``json.loads`` of the nitro metadata, the same work as
+checkpoint_info). The page cache cannot be dropped, so these are warm-cache figures.
+
+Target: median checkpoint_info under 10 ms (the max is reported beside it).
+
+Run from the repository root:  python bench/checkpoint_info.py [--size-mb 1024] [--calls 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from nitro_core import checkpoint_info, records, rng, store
+
+TARGET_MS = 10.0
+BLOCKS = 96
+
+
+def write_big_record(path: Path, size_mb: int) -> tuple[int, int]:
+    """Write the record; returns (file bytes, tensor count)."""
+    # params + exp_avg + exp_avg_sq = 3 copies of BLOCKS * (d*d + 3d) float32 values
+    d = int(math.sqrt(size_mb * 2**20 / (3 * BLOCKS * 4)))
+    with torch.device("meta"):
+        model = torch.nn.Sequential(
+            *[
+                torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.LayerNorm(d))
+                for _ in range(BLOCKS)
+            ]
+        )
+    model = model.to_empty(device="cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()  # creates the optimizer state a real record holds
+    for p in model.parameters():
+        p.grad = None
+    rng_json, rng_tensors = rng.capture()
+    history = [
+        {"epoch": e, "step": 500 * e, "train_loss": 1 / e, "lr": 1e-3, "val": {"loss": 1.1 / e}}
+        for e in range(1, 41)
+    ]
+    header = {
+        "step": 20000, "epoch": 40, "seed": 0, "run": "bench001", "parent": None,
+        "experiment": "BigMLP", "config": {"width": d, "blocks": BLOCKS, "lr": 1e-3},
+        "host_fields": ["max_epochs"], "metrics": {"loss": 0.0275}, "metric": "loss",
+        "mode": "min", "stop_reason": "completed", "history": history, "rng": rng_json,
+        "logger": {"backend": "jsonl", "state": {"file": "bench001.jsonl", "offset": 9000}},
+        "early_stopping": None, "ema_meta": None, "decay_anchor": "zero",
+        "w0_checksum": None, "averaged_from": None,
+    }  # fmt: skip
+    snap = records.Snapshot(header=header, model=model, optimizer=opt, rng_tensors=rng_tensors)
+    tensors, meta = records.encode(snap)
+    del model, opt, snap
+    size, _ = store.write_record(path, tensors, meta)
+    return size, len(tensors)
+
+
+def safetensors_metadata(path: Path) -> dict:
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size-mb", type=int, default=1024)
+    p.add_argument("--calls", type=int, default=50)
+    args = p.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="nitro-bench-"))
+    try:
+        free = shutil.disk_usage(tmp).free
+        if free < args.size_mb * 2**20 + 2**30:
+            raise SystemExit(
+                f"need {args.size_mb} MiB + 1 GiB free in {tmp}, have {free >> 20} MiB"
+            )
+        path = tmp / "big.safetensors"
+        t0 = time.perf_counter()
+        size, count = write_big_record(path, args.size_mb)
+        built = time.perf_counter() - t0
+        with open(path, "rb") as f:
+            header_kb = int.from_bytes(f.read(8), "little") / 1024
+        fns = {
+            "checkpoint_info": lambda: checkpoint_info(path),
+            "safe_open+metadata()": lambda: safetensors_metadata(path),
+            "  ...+json.loads(nitro)": lambda: json.loads(safetensors_metadata(path)["nitro"]),
+        }
+        assert fns["checkpoint_info"]()["layout"] == fns["  ...+json.loads(nitro)"]()["layout"]
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(args.calls):  # interleaved, one call of each per round
+            for name, fn in fns.items():
+                t = time.perf_counter()
+                fn()
+                times[name].append(1e3 * (time.perf_counter() - t))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(
+        f"record {size / 2**20:.0f} MiB, {count} tensors, header {header_kb:.0f} KiB "
+        f"(built in {built:.1f} s); {args.calls} calls each, warm page cache"
+    )
+    print(f"{'call':<25}{'median ms':>10}{'p90 ms':>8}{'max ms':>8}")
+    med = {}
+    for name, v in times.items():
+        med[name] = statistics.median(v)
+        p90 = statistics.quantiles(v, n=10)[-1]
+        print(f"{name:<25}{med[name]:>10.3f}{p90:>8.3f}{max(v):>8.3f}")
+    ratio = med["checkpoint_info"] / med["safe_open+metadata()"]
+    verdict = "PASS" if med["checkpoint_info"] < TARGET_MS else "FAIL"
+    print(
+        f"RESULT checkpoint_info median {med['checkpoint_info']:.2f} ms (max "
+        f"{max(times['checkpoint_info']):.2f} ms), {ratio:.2f}x safe_open+metadata() "
+        f"(target < {TARGET_MS:g} ms) {verdict}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""The source grammar: a table of accepted and rejected strings, and a property test."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nitro_core import Best, ConfigError, Epochs, Every, Last, SourceSyntaxError
+from nitro_core.sources import (
+    Average,
+    Pair,
+    PathSource,
+    RunRef,
+    parse_average,
+    parse_source,
+    to_source,
+)
+
+LATEST, ALL = RunRef("latest"), RunRef("all")
+
+ACCEPTED = [
+    ("latest => best", Pair(LATEST, "best")),
+    ("latest=>best", Pair(LATEST, "best")),
+    (":latest => :best", Pair(LATEST, "best")),
+    ("  latest   =>   latest  ", Pair(LATEST, "latest")),
+    ("all => best", Pair(ALL, "best")),
+    ("a1b2c3d4 => latest", Pair(RunRef("id", "a1b2c3d4"), "latest")),
+    ('"a1b2c3d4" => latest', Pair(RunRef("id", "a1b2c3d4"), "latest")),
+    ("'my run' => best", Pair(RunRef("id", "my run"), "best")),
+    ("12345678 => best", Pair(RunRef("id", "12345678"), "best")),
+    ("latest => Average(Last(10))", Pair(LATEST, Average(Last(10)))),
+    ("latest => Average(Best(5; among=Last(20)))", Pair(LATEST, Average(Best(5, among=Last(20))))),
+    ("latest => Average(Best(5, among=Last(20)))", Pair(LATEST, Average(Best(5, among=Last(20))))),
+    ("latest => Average(Epochs(3:7))", Pair(LATEST, Average(Epochs(range(3, 8))))),
+    ("latest => Average(Epochs([2, 4, 6]))", Pair(LATEST, Average(Epochs([2, 4, 6])))),
+    ("latest => Average(Epochs(5))", Pair(LATEST, Average(Epochs(5)))),
+    (
+        "a1b2c3d4 => Average(Epochs(8:10))",
+        Pair(RunRef("id", "a1b2c3d4"), Average(Epochs(range(8, 11)))),
+    ),
+    ("latest => Average(Every(2), state=best)", Pair(LATEST, Average(Every(2), state="best"))),
+    ("latest => Average(Last(3), state=:latest)", Pair(LATEST, Average(Last(3), state="latest"))),
+    (
+        "runs/reg/epoch-0002-step-24.safetensors",
+        PathSource("runs/reg/epoch-0002-step-24.safetensors"),
+    ),
+    ("/abs/avg10.safetensors", PathSource("/abs/avg10.safetensors")),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), ACCEPTED)
+def test_accepted_sources_parse_to_their_structure(text, expected):
+    assert parse_source(text) == expected
+
+
+def _syntax(pos: int, found: str, expected: str, text: str) -> str:
+    return (
+        f"Cannot parse source {text!r}: at position {pos} found {found}, expected {expected}. Write "
+        "a pair such as 'latest => best' or 'latest => Average(Last(10))', or a path ending in .safetensors."
+    )
+
+
+REJECTED = [
+    (
+        "best",
+        "Source 'best' names a checkpoint but not the run it belongs to; write 'latest => best' (the latest run's best) or 'all => best' (the best of every run).",
+    ),
+    (
+        ":latest",
+        "Source ':latest' names a checkpoint but not the run it belongs to; write 'latest => latest' (the latest run's latest).",
+    ),
+    ("latest =>", _syntax(9, "the end of the text", "best, latest or Average(...)", "latest =>")),
+    (
+        "latest => Average(Last(-1))",
+        _syntax(23, "'-1'", "a positive integer up to 1000000000", "latest => Average(Last(-1))"),
+    ),
+    (
+        "latest => Average(Last(0))",
+        _syntax(23, "'0'", "a positive integer up to 1000000000", "latest => Average(Last(0))"),
+    ),
+    ("__import__('os').system('x')", _syntax(10, "'('", "'=>'", "__import__('os').system('x')")),
+    (
+        "latest => eval('1')",
+        _syntax(10, "'eval'", "best, latest or Average(...)", "latest => eval('1')"),
+    ),
+    (
+        "latest => Average(Last(10)",
+        _syntax(26, "the end of the text", "',' or ')'", "latest => Average(Last(10)"),
+    ),
+    (
+        "latest => Average(Epochs(7:3))",
+        _syntax(
+            28, "')'", "a range whose end is at least its start 7", "latest => Average(Epochs(7:3))"
+        ),
+    ),
+    (
+        "latest => Average(Last(2), weights=x)",
+        _syntax(
+            27, "'weights'", "state=best or state=latest", "latest => Average(Last(2), weights=x)"
+        ),
+    ),
+    (
+        "latest => best extra",
+        _syntax(15, "'extra'", "the end of the source", "latest => best extra"),
+    ),
+    (
+        "best => latest",
+        _syntax(0, "'best'", "a run: latest, all, a run id or a quoted run id", "best => latest"),
+    ),
+    (
+        "latest => Last(3)",
+        _syntax(10, "'Last'", "best, latest or Average(...)", "latest => Last(3)"),
+    ),
+    (
+        "latest => Average(Best(2; among=Best(1; among=Last(x))))",
+        _syntax(
+            51,
+            "'x'",
+            "a positive integer",
+            "latest => Average(Best(2; among=Best(1; among=Last(x))))",
+        ),
+    ),
+    (
+        "latest => best; rm -rf /",
+        _syntax(14, "';'", "the end of the source", "latest => best; rm -rf /"),
+    ),
+    ("latest\x00 => best", _syntax(6, "'\\x00'", "'=>'", "latest\x00 => best")),
+    ("latest => Average(Last(1.5))", _syntax(24, "'.'", "')'", "latest => Average(Last(1.5))")),
+    ("", _syntax(0, "the end of the text", "a run: latest, all, a run id or a quoted run id", "")),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), REJECTED)
+def test_rejected_sources_name_position_found_and_expected(text, message):
+    with pytest.raises(SourceSyntaxError) as exc:
+        parse_source(text)
+    if message is not None:
+        assert str(exc.value) == message
+    assert isinstance(exc.value, ValueError)
+
+
+def test_a_100_kb_source_is_refused_by_length():
+    with pytest.raises(SourceSyntaxError) as exc:
+        parse_source("latest => " + "x" * 100_000)
+    assert str(exc.value) == (
+        "Source is 100010 characters long; the limit is 512. Write a pair such as 'latest => best' "
+        "or a path ending in .safetensors."
+    )
+
+
+@settings(max_examples=400, deadline=200)
+@given(st.text(max_size=200))
+def test_any_text_parses_or_raises_source_syntax_error(text):
+    try:
+        result = parse_source(text)
+    except SourceSyntaxError:
+        return
+    assert isinstance(result, Pair | PathSource)
+
+
+GRAMMAR_ALPHABET = st.sampled_from(
+    ["latest", "all", "best", "=>", "Average", "(", ")", "Best", "Last", "Every", "Epochs", "among", "=",
+     ";", ",", "[", "]", ":", "3", "7", "state", " ", "a1b2", '"', ":best"]
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=200)
+@given(st.lists(GRAMMAR_ALPHABET, max_size=30).map("".join))
+def test_near_grammatical_text_parses_or_raises_source_syntax_error(text):
+    try:
+        parse_source(text)
+    except SourceSyntaxError:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (("latest", "best"), Pair(LATEST, "best")),
+        (("a1b2c3d4", Average(Last(10))), Pair(RunRef("id", "a1b2c3d4"), Average(Last(10)))),
+        ((":all", "best"), Pair(ALL, "best")),
+        (("my run", "latest"), Pair(RunRef("id", "my run"), "latest")),
+    ],
+)
+def test_python_forms_become_the_same_structures(value, expected):
+    assert to_source(value) == expected
+
+
+def test_python_form_that_is_not_a_source_is_refused():
+    with pytest.raises(ConfigError) as exc:
+        to_source(42, "weights")
+    assert str(exc.value) == (
+        "weights=42 is not a source; write a string such as 'latest => best', a tuple such as "
+        "('latest', Average(Last(10))), or a path to a .safetensors file."
+    )
+
+
+def test_parse_average_alone_for_restore_best():
+    assert parse_average("Average(Last(10))") == Average(Last(10))
+    with pytest.raises(SourceSyntaxError):
+        parse_average("Average(Last(10)) + 1")
+
+
+def test_sources_print_back_in_the_grammar():
+    for text in (
+        "latest => best",
+        "a1b2 => Average(Best(5; among=Last(20)))",
+        "latest => Average(Epochs(3:7), state=best)",
+    ):
+        assert str(parse_source(text)) == text
