@@ -3,6 +3,7 @@ selectors and exact resume."""
 
 __version__ = "0.1.0"
 
+from nitro_core.averaging import Averaged, average_checkpoints
 from nitro_core.data import TensorBatches
 from nitro_core.ema import EMA
 from nitro_core.errors import (
@@ -20,14 +21,18 @@ from nitro_core.errors import (
     TrainingRefused,
 )
 from nitro_core.experiment import Experiment, Host
+from nitro_core.export import export_weights
 from nitro_core.handle import Nitro, checkpoint_run
 from nitro_core.info import checkpoint_info
 from nitro_core.loggers import JSONLLogger, NullLogger
 from nitro_core.manifest import ManifestEntry, read_manifest, runs
 from nitro_core.selectors import Best, Checkpointer, Epochs, Every, Last, TopKCheckpointer
+from nitro_core.sources import Average, parse_source
 from nitro_core.stopping import EarlyStopping, Plateau
 
 __all__ = [
+    "Average",
+    "Averaged",
     "Best",
     "CheckpointCorrupt",
     "CheckpointNotFound",
@@ -57,8 +62,11 @@ __all__ = [
     "TopKCheckpointer",
     "TrainingRefused",
     "__version__",
+    "average_checkpoints",
     "checkpoint_info",
     "checkpoint_run",
+    "export_weights",
+    "parse_source",
     "read_manifest",
     "runs",
 ]

@@ -85,6 +85,7 @@ class Nitro:
         # which record, if any, this handle continues
         point = self._resume_point(entries)
         if point is not None:
+            point.check_resumable()
             point.check_config(experiment)
             if seed is not None and seed != point.seed:
                 warnings.warn(

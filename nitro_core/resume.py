@@ -60,6 +60,19 @@ class ResumePoint:
                 "weights: Nitro(exp, weights=...)."
             )
 
+    def check_resumable(self) -> None:
+        """Refuse a record that holds weights only (an average or an export)."""
+        if self.meta.get("optimizer") is None:
+            origin = (
+                " (an average of " + ", ".join(self.meta["averaged_from"]["files"]) + ")"
+                if self.meta.get("averaged_from")
+                else ""
+            )
+            raise ResumeRefused(
+                f"Cannot resume {self.file!r}{origin}: it holds weights only, no optimizer "
+                f"state, step or RNG. Start a new run from it with weights={self.file!r}."
+            )
+
     def check_environment(self, num_threads: int, device: Any) -> None:
         """Warn when the process differs from the recording one in ways that change the bits."""
         env = self.meta.get("environment") or {}

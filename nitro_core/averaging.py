@@ -1,0 +1,294 @@
+"""Averaging checkpoints of one run: selection, the streaming float64 mean, and provenance.
+
+Records are read one at a time into a float64 accumulator, so memory holds one tensor of
+one record and the sum, never all records. The mean is cast back to each tensor's own
+dtype. Integer and boolean tensors are never averaged, and layer state (buffers) is not
+averaged either: both come from the record that supplies the state (the best picked when
+the selector ranks, else the latest, or as ``state=`` says). Tied parameters are averaged
+once. Uniform weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import safe_open
+
+from nitro_core import manifest, store
+from nitro_core.errors import CheckpointCorrupt, CheckpointNotFound, ConfigError, NitroWarning
+from nitro_core.manifest import ManifestEntry
+from nitro_core.records import state_dict_from
+from nitro_core.resolve import Resolved
+from nitro_core.retention import Pair as ScorePair
+from nitro_core.selectors import Best, Checkpointer, Epochs, Every, Last, Selector, pick, ranked
+from nitro_core.sources import Average, Pair, RunRef, Source, to_source
+
+if TYPE_CHECKING:
+    from nitro_core.handle import Nitro
+
+
+# -- selection ------------------------------------------------------------------------------------
+def resolve_average(
+    source: Pair,
+    run_dir: Path,
+    pool: list[ManifestEntry],
+    entries: list[ManifestEntry],
+    pair: ScorePair | None,
+) -> Resolved:
+    """The entries ``source``'s Average picks from one run's ``pool``, and its state record.
+    Refuses when the run no longer holds everything the selector asks for."""
+    avg = source.pick
+    assert isinstance(avg, Average)
+    if pair is None or pair[0] is None:
+        scored = [e for e in pool if e.score is not None]
+        pair = scored[-1].pair if scored else (None, None)
+    rankable = [e for e in pool if e.pair == pair]
+    picked = _pick(avg.selector, pool, rankable, pair)
+    missing = _missing(avg.selector, pool, rankable, pair)
+    if missing or not picked:
+        kept = ", ".join(str(e.epoch) for e in pool) or "none"
+        raise CheckpointNotFound(
+            f"Cannot average {str(source)!r} in {str(run_dir)!r}: run {pool[0].run} kept epochs "
+            f"{kept}, and {avg.selector} needs {missing or 'at least one scored epoch'}. Keep them "
+            f"while training: Checkpointer(keep=(Best(3), {_keep_for(avg.selector)}))."
+        )
+    if avg.state == "best" or (avg.state is None and isinstance(avg.selector, Best)):
+        best = ranked([e for e in picked if e.pair == pair], pair[1])
+        state = best[0] if best else picked[-1]
+    else:
+        state = picked[-1]
+    return Resolved(source, run_dir / state.file, state, picked=tuple(picked))
+
+
+def _pick(
+    sel: Selector, pool: list[ManifestEntry], rankable: list[ManifestEntry], pair: ScorePair
+) -> list[ManifestEntry]:
+    if isinstance(sel, Best):
+        among = (
+            rankable
+            if sel.among is None
+            else [e for e in _pick(sel.among, pool, rankable, pair) if e.pair == pair]
+        )
+        return pick(Best(sel.k), among, pair[1])
+    return pick(sel, pool, pair[1])
+
+
+def _missing(
+    sel: Selector, pool: list[ManifestEntry], rankable: list[ManifestEntry], pair: ScorePair
+) -> str:
+    """What ``sel`` asks for that ``pool`` does not hold ('' when it holds it all)."""
+    have = {e.epoch for e in pool}
+    last = max(have, default=0)
+    if isinstance(sel, Last):
+        return "" if len(pool) >= sel.k else f"the last {sel.k} epochs"
+    if isinstance(sel, Every):
+        want = set(range(sel.n, last + 1, sel.n))
+    elif isinstance(sel, Epochs):
+        want = set(sel.epochs)
+    else:
+        if sel.among is not None and (inner := _missing(sel.among, pool, rankable, pair)):
+            return inner
+        scored = len([e for e in _pick(sel, pool, rankable, pair)])
+        return "" if scored >= sel.k else f"{sel.k} epochs scored by {pair[0]} ({pair[1]})"
+    gone = sorted(want - have)
+    return f"epochs {', '.join(map(str, gone))}" if gone else ""
+
+
+def _keep_for(sel: Selector) -> str:
+    if isinstance(sel, Best):
+        return str(sel.among) if sel.among is not None else f"Best({sel.k})"
+    return str(sel)
+
+
+def check_keep_holds(ckpt: Checkpointer | None, avg: Average, run_dir: Path) -> None:
+    """Setup refusal for ``restore_best=Average(...)``: the keep must be able to hold it."""
+    sel = avg.selector
+    keep = ckpt.keep if ckpt is not None else ()
+    if isinstance(sel, Best) and sel.among is not None:
+        sel = sel.among
+    holds = {
+        Last: lambda: any(isinstance(s, Last) and s.k >= sel.k for s in keep),
+        Best: lambda: any(isinstance(s, Best) and s.k >= sel.k for s in keep),
+        Every: lambda: any(isinstance(s, Every) and sel.n % s.n == 0 for s in keep),
+        Epochs: lambda: all(
+            any(
+                (isinstance(s, Epochs) and e in s.epochs) or (isinstance(s, Every) and e % s.n == 0)
+                for s in keep
+            )
+            for e in sel.epochs
+        ),
+    }[type(sel)]()
+    if not holds:
+        current = ", ".join(map(str, keep))
+        raise ConfigError(
+            f"restore_best={avg} needs records that keep=({current}) does not hold at the end of "
+            f"training. Keep them: Checkpointer(keep=({current}, {_keep_for(avg.selector)}))."
+        )
+
+
+# -- the streaming mean -----------------------------------------------------------------------------
+@dataclass
+class Averaged:
+    """An averaged state: parameters averaged, layer state from ``state_file``."""
+
+    state: dict[str, torch.Tensor]  # model state-dict keys (aliases included)
+    ema: dict[str, torch.Tensor] | None  # the EMAs' average, when every picked record has one
+    meta: dict[str, Any]  # the state record's header
+    averaged_from: dict[str, Any]
+
+
+def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averaged:
+    """Average the picked records' parameters (and their EMAs when all have one)."""
+    picked = resolved.picked
+    state_meta = store.read_header(resolved.path)
+    layout = state_meta["layout"]
+    params = [k for k, _, _ in layout["params"]]
+    has_ema = all(_has_ema(run_dir / e.file) for e in picked)
+    if load_ema and not has_ema:
+        lacking = next(e for e in picked if not _has_ema(run_dir / e.file))
+        raise ConfigError(
+            f"load_ema=True, but {lacking.file!r} (epoch {lacking.epoch}) keeps no EMA; every "
+            "picked record must. Drop load_ema to average their parameters."
+        )
+    prefixes = ["params/"] + (["ema/"] if has_ema else [])
+    sums: dict[str, torch.Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}
+    for e in picked:
+        path = run_dir / e.file
+        _verify(path, e)
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+            for prefix in prefixes:
+                for key in params:
+                    name = prefix + key
+                    if name not in names:
+                        raise CheckpointCorrupt(
+                            f"Checkpoint {str(path)!r} lacks {name!r}; the records picked for {resolved.source} do not share one layout."
+                        )
+                    t = f.get_tensor(name)
+                    if not (t.is_floating_point() or t.is_complex()):
+                        continue  # counters are never averaged
+                    if name in sums:
+                        sums[name] += t.to(torch.float64)
+                    else:
+                        sums[name], dtypes[name] = t.to(torch.float64), t.dtype
+                    del t
+    count = len(picked)
+    with safe_open(str(resolved.path), framework="pt") as f:
+        base = {
+            name: f.get_tensor(name)
+            for name in f.keys()
+            if name.startswith(("params/", "buffers/", "ema/"))
+        }
+    for name, total in sums.items():
+        base[name] = (total / count).to(dtypes[name])
+    state = state_dict_from(base, layout)
+    ema = state_dict_from(base, layout, prefix="ema/") if has_ema else None
+    averaged_from = {
+        "spec": str(resolved.source),
+        "run": picked[0].run,
+        "directory": str(run_dir),
+        "files": [e.file for e in picked],
+        "epochs": [e.epoch for e in picked],
+        "weights": [1.0 / count] * count,
+        "state_from": resolved.path.name,
+        "ema": has_ema,
+    }
+    return Averaged(state=state, ema=ema, meta=state_meta, averaged_from=averaged_from)
+
+
+def _verify(path: Path, entry: ManifestEntry) -> None:
+    if not path.is_file():
+        raise CheckpointCorrupt(
+            f"Checkpoint file {str(path)!r} is missing; it was listed but is not on disk."
+        )
+    actual = store.file_sha256(path)
+    if actual != entry.sha256:
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r} is corrupt: its sha256 is {actual[:16]}..., the manifest "
+            f"recorded {entry.sha256[:16]}... when it was written. Load another checkpoint "
+            "(read_manifest lists them) or restore this file from a backup."
+        )
+
+
+def _has_ema(path: Path) -> bool:
+    return store.read_header(path).get("ema_meta") is not None
+
+
+# -- the public entry points ----------------------------------------------------------------------
+def average_checkpoints(
+    run_dir: str | Path, source: Any, save: str | Path | None = None
+) -> Averaged:
+    """Average the checkpoints ``source`` picks in ``run_dir`` (e.g. ``"latest =>
+    Average(Last(10))"``); with ``save``, also write the result as an ordinary record outside
+    the manifest (retention never deletes it), refusing to overwrite an existing file."""
+    from nitro_core.resolve import resolve
+
+    run_dir = Path(run_dir)
+    src = to_source(source, "source")
+    if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
+        raise ConfigError(
+            f"average_checkpoints needs an Average, got {str(src)!r}; write e.g. "
+            "'latest => Average(Last(10))'."
+        )
+    if save is not None:
+        from nitro_core.export import refuse_existing
+
+        refuse_existing(Path(save), "save=")
+    result = average(resolve(src, run_dir, manifest.read_manifest(run_dir)), run_dir)
+    if save is not None:
+        from nitro_core.export import write_averaged
+
+        write_averaged(result, Path(save))
+    return result
+
+
+def load_average(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None:
+    """``weights=... => Average(...)``: load the average into a new run."""
+    from nitro_core.loading import load_model_state
+    from nitro_core.resolve import resolve
+
+    resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
+    result = average(resolved, n.run_dir, load_ema=n.options.load_ema)
+    state = result.ema if n.options.load_ema else result.state
+    load_model_state(n.model, state, n.options.strict, str(source), type(n.experiment).__name__)
+    if n.ema is not None:
+        n.ema.reset()
+    n.checkpoint_source = resolved.path
+    n.averaged_from = result.averaged_from
+
+
+def restore_average(n: Nitro, avg: Average, entries: list[ManifestEntry]) -> Average | None:
+    """``restore_best=Average(...)``: end training holding the run's own average."""
+    from nitro_core.resolve import resolve
+
+    source = Pair(RunRef("id", n.run_id), avg)
+    try:
+        resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
+    except CheckpointNotFound as exc:
+        warnings.warn(
+            f"restore_best={avg}: run {n.run_id} ended before it held enough checkpoints "
+            f"({exc}); the handle keeps its final weights.",
+            NitroWarning,
+            stacklevel=4,
+        )
+        return None
+    result = average(resolved, n.run_dir)
+    n.model.load_state_dict(result.state)
+    if n.ema is not None:
+        if result.ema is not None:
+            n.ema.load(result.ema, n.ema.num_updates)
+        else:
+            warnings.warn(
+                f"restore_best={avg}: a picked record of run {n.run_id} keeps no EMA, so the "
+                "handle keeps its final EMA beside the averaged weights.",
+                NitroWarning,
+                stacklevel=4,
+            )
+    n.averaged_from = result.averaged_from
+    n.checkpoint_source = resolved.path
+    return avg
