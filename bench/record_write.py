@@ -10,7 +10,7 @@ memory, is the floor of any writer that hashes what it writes. The writers are i
 
 Target: median write_record bandwidth / plain-write bandwidth >= 0.7.
 
-Run from the repository root:  python bench/record_write.py [--size-mb 256] [--reps 7]
+Run from the repository root:  python bench/record_write.py [--size-mb 256] [--reps 7] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size-mb", type=int, default=256)
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--dir", help="where to write (default: the system temp directory)")
     args = p.parse_args()
 
     tensors = make_tensors(args.size_mb)
@@ -79,7 +80,7 @@ def main() -> None:
     names = ["write_record", "plain write", "torch.save", "sha256 only"]
     results: dict[str, list[float]] = {name: [] for name in names}
     sizes: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="nitro-bench-", dir=os.environ.get("BENCH_DIR")) as d:
+    with tempfile.TemporaryDirectory(prefix="nitro-bench-", dir=args.dir) as d:
         tmp = Path(d)
         total, _ = store.write_record(tmp / "warm.safetensors", tensors, meta)  # warm-up
         os.unlink(tmp / "warm.safetensors")

@@ -11,6 +11,7 @@ import secrets
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,8 +172,11 @@ class Nitro:
         return resume_from_source(resume, self.run_dir, entries)
 
     # -- training -------------------------------------------------------------------------
-    def train(self) -> Nitro:
-        """Train to ``max_epochs`` (or an early stop, or a requested stop); returns self."""
+    def train(self, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> Nitro:
+        """Train to ``max_epochs`` (or an early stop, or a requested stop); returns self.
+
+        ``on_epoch(row)`` is called after each epoch has been validated, logged and
+        checkpointed, with its history row."""
         self._best.refuse_training()
         exp = self.experiment
         hooks = StepHooks(self.scheduler, self.ema, self.anchor, self._progress)
@@ -207,6 +211,8 @@ class Nitro:
                     score = metrics.get(self.ranking.pair[0]) if self.ranking.pair[0] else None
                     self._writer.save(epoch, self.step, score, self.stop_reason, self._snapshot)
                 self._progress.epoch_end(wiring.summary(row))
+                if on_epoch is not None:
+                    on_epoch(row)
                 if self.stop_reason is not None:
                     break
         finally:

@@ -28,17 +28,27 @@ class JSONLLogger:
     def __init__(self) -> None:
         self.path: Path | None = None
         self._f: Any = None
+        self._offset: int | None = None
 
     def open(self, run_dir: Path, run_id: str, state: dict[str, Any] | None) -> None:
+        """Remember where to log; the file is created by the first row (a handle that only
+        evaluates leaves no empty log), and a resume truncates what followed its record."""
         self.path = Path(run_dir) / "logs" / f"{run_id}.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "ab")  # noqa: SIM115 - held open for the run
-        if state is not None and state.get("offset") is not None:
-            self._f.truncate(min(int(state["offset"]), os.path.getsize(self.path)))
-            self._f.seek(0, os.SEEK_END)
+        self._offset = None if state is None else state.get("offset")
+        if self._offset is not None and self.path.exists():
+            self._file()
+
+    def _file(self) -> Any:
+        if self._f is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "ab")  # noqa: SIM115 - held open for the run
+            if self._offset is not None:
+                self._f.truncate(min(int(self._offset), os.path.getsize(self.path)))
+                self._f.seek(0, os.SEEK_END)
+        return self._f
 
     def log(self, row: dict[str, Any]) -> None:
-        self._f.write(json.dumps(row, allow_nan=True).encode() + b"\n")
+        self._file().write(json.dumps(row, allow_nan=True).encode() + b"\n")
         self._f.flush()
 
     def state(self) -> dict[str, Any]:

@@ -1,5 +1,8 @@
-"""The ``nitro`` command: ``demo``, ``runs DIR`` and ``info FILE`` for people at a terminal.
+"""The ``nitro`` command.
 
+``nitro serve`` runs the MCP server (stdio, or ``--http`` on 127.0.0.1 with a bearer token);
+``nitro demo`` drives it as an agent would; ``train``, ``validate``, ``average``, ``runs``,
+``manifest`` and ``info`` are for people at a terminal; ``schemas`` regenerates schemas/.
 This is an edge of the program, so it prints; the libraries it calls never do.
 """
 
@@ -8,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,71 +20,179 @@ from nitro_core.errors import NitroError
 _BULKY = ("rng", "optimizer", "history", "layout", "scheduler", "plateau", "logger")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="nitro", description="Nitro: trustworthy PyTorch checkpoints."
+        prog="nitro",
+        description="Nitro: trustworthy PyTorch checkpoints, and an MCP server for agents.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser(
-        "demo", help="train the built-in Classifier on CPU and show what was kept"
+
+    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    serve.add_argument(
+        "--root", default=".", help="every path resolves inside this directory (default: .)"
     )
-    demo.add_argument(
-        "--run-dir", default="runs/Classifier", help="where to write (default: %(default)s)"
+    serve.add_argument(
+        "--http", action="store_true", help="serve streamable HTTP on 127.0.0.1 instead of stdio"
     )
+    serve.add_argument("--port", type=int, default=8765, help="HTTP port (default: %(default)s)")
+    serve.add_argument(
+        "--token", help="bearer token for --http (default: generated and printed to stderr)"
+    )
+    serve.add_argument(
+        "--max-jobs",
+        type=int,
+        default=2,
+        help="jobs running at once; later ones queue (default: 2)",
+    )
+    serve.add_argument("--experiment-module", action="append", default=[], metavar="MODULE",
+                       help="import MODULE and register its Experiment subclasses (repeatable)")  # fmt: skip
+
+    demo = sub.add_parser("demo", help="start the server and drive it over stdio as an agent would")
+    demo.add_argument("--root", default=".", help="where runs/ and .nitro/ go (default: .)")
     demo.add_argument(
         "--epochs", type=int, default=6, help="epochs to train (default: %(default)s)"
     )
+
+    train = sub.add_parser("train", help="train an experiment in this process")
+    _experiment_args(train)
+    train.add_argument("--resume", default="false", help="'false', 'auto' or a source")
+    train.add_argument("--weights", help="a source whose parameters start a new run")
+    train.add_argument(
+        "--restore-best", default="false", help="'true', 'false' or 'Average(Last(10))'"
+    )
+    train.add_argument("--seed", type=int)
+
+    validate = sub.add_parser("validate", help="evaluate a checkpoint")
+    _experiment_args(validate)
+    validate.add_argument(
+        "--weights", default="latest => best", help="a source (default: %(default)s)"
+    )
+    validate.add_argument("--split", default="val")
+    validate.add_argument("--load-ema", action="store_true")
+
+    average = sub.add_parser("average", help="average checkpoints of a run")
+    average.add_argument("run_dir")
+    average.add_argument("--source", default="latest => Average(Last(10))")
+    average.add_argument("--save", help="write the average as a record here")
+
     runs_p = sub.add_parser("runs", help="list the runs and checkpoints a run directory holds")
     runs_p.add_argument("run_dir")
+    man = sub.add_parser("manifest", help="print a run directory's manifest as JSON")
+    man.add_argument("run_dir")
     info = sub.add_parser("info", help="show a record's header without loading its tensors")
     info.add_argument("file")
     info.add_argument(
         "--full", action="store_true", help="include RNG, optimizer, layout and history"
     )
-    args = parser.parse_args(argv)
+    schemas = sub.add_parser("schemas", help="regenerate the JSON Schemas under schemas/")
+    schemas.add_argument("--out", default="schemas")
+    return parser
+
+
+def _experiment_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("experiment", help="a registered experiment name, e.g. Classifier")
+    p.add_argument("--run-dir")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field (JSON value)",
+    )
+    p.add_argument("--experiment-module", action="append", default=[], metavar="MODULE")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
-            return _demo(Path(args.run_dir), args.epochs)
-        if args.command == "runs":
-            return _runs(Path(args.run_dir))
-        return _info(Path(args.file), args.full)
+        return _COMMANDS[args.command](args)
     except (NitroError, FileNotFoundError) as exc:
         print(f"nitro {args.command}: {exc}", file=sys.stderr)
         return 1
 
 
-def _demo(run_dir: Path, epochs: int) -> int:
-    from nitro_core import Nitro, read_manifest
-    from nitro_core.examples import Classifier
-    from nitro_core.retention import plan
+def _serve(args: argparse.Namespace) -> int:
+    from nitro_mcp.serve import serve_http, serve_stdio
+    from nitro_mcp.server import build_server
 
-    print(f"Training Classifier for {epochs} epochs on CPU into {run_dir} ...")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        n = Nitro(Classifier(max_epochs=epochs), run_dir=run_dir, device="cpu").train()
-    for w in caught:
-        print(f"  warning: {w.message}")
-    for row in n.history:
-        val = ", ".join(f"{k}={v:.4f}" for k, v in row["val"].items())
-        print(
-            f"  epoch {row['epoch']}  step {row['step']:>4}  train_loss={row['train_loss']:.4f}  {val}"
-        )
-    entries = read_manifest(run_dir)
-    kept = plan(entries, n.checkpointer, n.run_id, n.ranking.pair).keep
-    print(f"\nRun {n.run_id} ended: {n.stop_reason}. Kept under keep={n.checkpointer}:")
-    for e in entries:
-        if e.run == n.run_id:
-            print(f"  {e.file}  ({'; '.join(kept.get(e.file, ('-',)))})")
-    others = {e.run for e in entries} - {n.run_id}
-    if others:
-        print(f"  (+ {len(others)} earlier run(s) in this directory, left untouched)")
-    print(f"\nNext: nitro runs {run_dir}   |   nitro info {run_dir / entries[-1].file}")
+    server = build_server(
+        Path(args.root), max_jobs=args.max_jobs, experiment_modules=tuple(args.experiment_module)
+    )
+    if args.http:
+        serve_http(server, args.port, args.token)
+    else:
+        serve_stdio(server)
     return 0
 
 
-def _runs(run_dir: Path) -> int:
+def _demo(args: argparse.Namespace) -> int:
+    from nitro_mcp.demo import main as demo_main
+
+    return demo_main(Path(args.root).resolve(), args.epochs)
+
+
+def _experiment(args: argparse.Namespace) -> Any:
+    from nitro_core.registry import load_registry, lookup
+
+    overrides = {}
+    for item in args.set:
+        field, _, value = item.partition("=")
+        try:
+            overrides[field] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[field] = value
+    return lookup(load_registry(args.experiment_module), args.experiment)(**overrides)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from nitro_core import Nitro
+
+    n = Nitro(
+        _experiment(args),
+        run_dir=args.run_dir,
+        seed=args.seed,
+        resume=args.resume,
+        weights=args.weights,
+        restore_best=args.restore_best,
+    )
+    n.train(
+        on_epoch=lambda row: print(
+            json.dumps({k: row[k] for k in ("epoch", "step", "train_loss", "val")})
+        )
+    )
+    print(f"run {n.run_id} in {n.run_dir}: {n.stop_reason} at epoch {n.epoch}")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from nitro_core import Nitro
+
+    n = Nitro(_experiment(args), run_dir=args.run_dir, weights=args.weights, load_ema=args.load_ema)
+    print(
+        json.dumps(
+            {
+                "checkpoint": str(n.checkpoint_source),
+                "split": args.split,
+                "metrics": n.evaluate(args.split),
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def _average(args: argparse.Namespace) -> int:
+    from nitro_core import average_checkpoints
+
+    result = average_checkpoints(args.run_dir, args.source, save=args.save)
+    print(json.dumps({"averaged_from": result.averaged_from, "saved": args.save}, indent=2))
+    return 0
+
+
+def _runs(args: argparse.Namespace) -> int:
     from nitro_core import read_manifest
 
+    run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(
             f"{str(run_dir)!r} is not a directory; give a run directory such as runs/Classifier"
@@ -90,7 +200,6 @@ def _runs(run_dir: Path) -> int:
     entries = read_manifest(run_dir)
     if not entries:
         print(f"{run_dir}: no checkpoints")
-        return 0
     for run in dict.fromkeys(e.run for e in entries):
         mine = [e for e in entries if e.run == run]
         parent = f", branched from {mine[0].parent}" if mine[0].parent else ""
@@ -104,16 +213,42 @@ def _runs(run_dir: Path) -> int:
     return 0
 
 
-def _info(path: Path, full: bool) -> int:
+def _manifest(args: argparse.Namespace) -> int:
+    from nitro_core import read_manifest
+
+    print(json.dumps([e.model_dump() for e in read_manifest(args.run_dir)], indent=1))
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
     from nitro_core import checkpoint_info
 
-    meta: dict[str, Any] = checkpoint_info(path)
-    if not full:
+    meta: dict[str, Any] = checkpoint_info(Path(args.file))
+    if not args.full:
         meta = {k: v for k, v in meta.items() if k not in _BULKY}
-        meta["tensors"] = "use --full for the layout"
     print(json.dumps(meta, indent=2, default=str))
     return 0
 
+
+def _schemas(args: argparse.Namespace) -> int:
+    from nitro_mcp.schemas import write
+
+    for path in write(Path(args.out)):
+        print(path)
+    return 0
+
+
+_COMMANDS = {
+    "serve": _serve,
+    "demo": _demo,
+    "train": _train,
+    "validate": _validate,
+    "average": _average,
+    "runs": _runs,
+    "manifest": _manifest,
+    "info": _info,
+    "schemas": _schemas,
+}
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -8,10 +8,12 @@ import torch
 from nitro_core.data import TensorBatches
 from nitro_core.ema import EMA
 from nitro_core.experiment import Experiment, Host
+from nitro_core.selectors import Best, Checkpointer, Last
 
 
 class Classifier(Experiment):
-    """Classify points drawn around random centers; ranked by accuracy (max), with an EMA."""
+    """Classify points drawn around random centers; ranked by accuracy (max), with an EMA;
+    keeps the best three and the latest three epochs."""
 
     features: int = 16
     classes: int = 4
@@ -59,3 +61,7 @@ class Classifier(Experiment):
 
     def ema(self) -> EMA:
         return EMA(decay=self.ema_decay)
+
+    def checkpointer(self) -> Checkpointer:
+        # the best three, and a window of the latest three to average
+        return Checkpointer(keep=(Best(3), Last(3)))

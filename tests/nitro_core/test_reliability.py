@@ -226,7 +226,7 @@ def _logged_val_losses(run_dir: Path, run: str) -> dict[int, float]:
 
 def test_two_processes_share_a_run_directory(tmp_path, workers):
     run_dir, go = tmp_path / "run", tmp_path / "go"
-    args = ("--experiment", "shared", "--samples", 20000, "--max-epochs", 6, "--go", go)
+    args = ("--experiment", "shared", "--samples", 2000, "--max-epochs", 6, "--go", go)
     procs = []
     for name in ("P", "Q"):
         ready = tmp_path / f"ready-{name}"

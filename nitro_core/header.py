@@ -1,0 +1,62 @@
+"""The schema of a record's JSON header (the ``nitro`` metadata key), for documentation,
+``schemas/record-header.json`` and the test that keeps the writer honest. The writer
+builds the header as plain data; this model is what it must validate against."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Layout(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    params: list[tuple[str, list[int], str]] = Field(
+        description="(state-dict key, shape, dtype) per parameter."
+    )
+    buffers: list[tuple[str, list[int], str]] = Field(
+        description="Layer state (buffers), likewise."
+    )
+    aliases: dict[str, str] = Field(description="Tied keys -> the key stored once.")
+    groups: list[list[str]] = Field(description="Parameter names per optimizer group.")
+
+
+class RecordHeader(BaseModel):
+    """Everything in a record that is not a tensor."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format_version: int
+    framework_version: str
+    step: int
+    epoch: int
+    seed: int
+    run: str
+    parent: str | None
+    experiment: str = Field(description="The experiment class name.")
+    config: dict[str, Any]
+    host_fields: list[str]
+    metrics: dict[str, float] = Field(description="Finalized 'val' metrics of this epoch.")
+    metric: str | None
+    mode: Literal["min", "max"] | None
+    stop_reason: Literal["completed", "early_stop", "requested"] | None
+    history: list[dict[str, Any]] | None = None
+    rng: dict[str, Any] | None = Field(
+        description="Python and NumPy generator state (torch's are tensors under rng/)."
+    )
+    logger: dict[str, Any]
+    early_stopping: dict[str, Any] | None
+    ema_meta: dict[str, Any] | None
+    decay_anchor: Literal["zero", "w0"]
+    w0_checksum: str | None
+    loaded_from: str | None
+    averaged_from: dict[str, Any] | None
+    environment: dict[str, Any]
+    layout: Layout
+    optimizer: dict[str, Any] | None = Field(
+        description="Non-tensor optimizer state (None in an average)."
+    )
+    optimizer_class: str
+    scheduler: Any = None
+    plateau: Any = None

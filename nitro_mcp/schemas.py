@@ -1,0 +1,46 @@
+"""``nitro schemas``: JSON Schemas of every tool's input and output, the manifest entry and
+the record header, generated from the server and the models themselves."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client
+
+from nitro_core.header import RecordHeader
+from nitro_core.manifest import ManifestEntry
+
+
+async def _tool_schemas() -> dict[str, Any]:
+    from nitro_mcp.server import build_server
+
+    with tempfile.TemporaryDirectory() as root:
+        async with Client(build_server(root)) as client:
+            tools = (await client.list_tools()).tools
+    out = {}
+    for tool in tools:
+        out[f"tools/{tool.name}.input.json"] = tool.input_schema
+        out[f"tools/{tool.name}.output.json"] = tool.output_schema
+    return out
+
+
+def generate() -> dict[str, Any]:
+    """File name (under schemas/) -> schema."""
+    schemas = anyio.run(_tool_schemas)
+    schemas["manifest-entry.json"] = ManifestEntry.model_json_schema()
+    schemas["record-header.json"] = RecordHeader.model_json_schema()
+    return schemas
+
+
+def write(out: Path) -> list[Path]:
+    written = []
+    for name, schema in generate().items():
+        path = out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
+        written.append(path)
+    return written
