@@ -7,14 +7,17 @@ listed in a real ``manifest.json``), then runs three variants, each in a fresh s
 so that its peak resident memory is its own:
 
   read      read every file fully in 8 MB chunks and discard (the time-to-read baseline)
+  sha256    ``store.file_sha256`` of every file: the check ``average`` runs on each record
+            first (a reference row: the floor of any average that verifies its records)
   nitro     ``average_checkpoints(run_dir, "latest => Average(Last(N))")``
   load-all  ``safetensors.torch.load_file`` of every record, then a float64 mean per tensor
 
 Peak memory is VmHWM (reset through /proc/self/clear_refs after the imports, so their own
 peak is not counted) minus VmRSS after the imports; VmRSS sampled every 2 ms cross-checks it,
-ru_maxrss (which keeps the import peak) and peak RssAnon (heap, without the file pages that
-safetensors maps) are shown beside it. Variants are
-interleaved (read, nitro, load-all, read, ...) and medians are reported; the files sit in
+ru_maxrss (which keeps the import peak), and sampled peaks of RssAnon (heap) and RssFile
+(record pages that safetensors has mmapped and touched) are shown beside it; "max MiB" is
+the largest peak over the repeats (glibc heap reuse makes it vary). Variants are
+interleaved (read, sha256, nitro, load-all, read, ...) and medians are reported; the files sit in
 the page cache after they are written, for every variant alike (``--cold`` evicts them with
 posix_fadvise before each child instead). The first round is also printed on its own.
 
@@ -40,8 +43,9 @@ import time
 from pathlib import Path
 
 TARGET_MEM, TARGET_TIME = 2.5, 1.5
-VARIANTS = ("read", "nitro", "load-all")
+VARIANTS = ("read", "sha256", "nitro", "load-all")
 MB = 2**20
+FORMATS = (".3f",) * 3 + (".2f",) + (".0f",) * 6 + (".2f", ".3f")
 
 
 def rss() -> dict[str, int]:
@@ -70,7 +74,7 @@ def child(variant: str, run_dir: Path, n: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from nitro_core import manifest
+    from nitro_core import manifest, store
     from nitro_core.averaging import average_checkpoints
 
     files = [run_dir / e.file for e in manifest.read_manifest(run_dir)][-n:]
@@ -87,6 +91,9 @@ def child(variant: str, run_dir: Path, n: int) -> None:
             with open(path, "rb", buffering=0) as f:
                 while f.readinto(buf):
                     pass
+    elif variant == "sha256":
+        for path in files:
+            store.file_sha256(path)
     elif variant == "nitro":
         result = average_checkpoints(run_dir, f"latest => Average(Last({n}))")
         means = {k: result.state[k] for k, _, _ in result.meta["layout"]["params"]}
@@ -106,6 +113,7 @@ def child(variant: str, run_dir: Path, n: int) -> None:
     print(json.dumps({
         "time": elapsed, "peak": max(hwm, sampler.peak["VmRSS"]) - base["VmRSS"],
         "ru_peak": ru_peak - base["VmRSS"], "anon": sampler.peak["RssAnon"] - base["RssAnon"],
+        "file": sampler.peak["RssFile"] - base["RssFile"],
         "sampled": sampler.peak["VmRSS"] - base["VmRSS"], "base": base["VmRSS"],
         "ru_base": ru_base, "checksum": checksum,
     }))  # fmt: skip
@@ -189,18 +197,15 @@ def main() -> None:
     print(f"{args.records} records of {record / MB:.1f} MiB (largest tensor {largest / MB:.1f} "
           f"MiB), {args.repeats} repeats, {'cold' if args.cold else 'page cache warm'}; "
           f"baseline VmRSS {med('nitro', 'base') / MB:.0f} MiB after imports")  # fmt: skip
-    head = f"{'variant':<9}{'median s':>9}{'min s':>7}{'max s':>7}{'x read':>7}"
-    print(
-        head + f"{'peak MiB':>9}{'sampled':>8}{'ru MiB':>7}{'anon':>6}{'x record':>9}{'1st s':>7}"
-    )
+    cols = ("median s", "min s", "max s", "x read", "peak MiB", "max MiB", "sampled",
+            "anon", "file", "ru MiB", "x record", "1st s")  # fmt: skip
+    print(f"{'variant':<9}" + "".join(f"{c:>9}" for c in cols))
     for v in VARIANTS:
-        t = [r["time"] for r in runs[v]]
-        print(
-            f"{v:<9}{med(v, 'time'):>9.3f}{min(t):>7.3f}{max(t):>7.3f}"
-            f"{med(v, 'time') / med('read', 'time'):>7.2f}{med(v, 'peak') / MB:>9.0f}"
-            f"{med(v, 'sampled') / MB:>8.0f}{med(v, 'ru_peak') / MB:>7.0f}{med(v, 'anon') / MB:>6.0f}"
-            f"{med(v, 'peak') / record:>9.2f}{t[0]:>7.3f}"
-        )
+        t, peaks = [r["time"] for r in runs[v]], [r["peak"] / MB for r in runs[v]]
+        row = (med(v, "time"), min(t), max(t), med(v, "time") / med("read", "time"),
+               med(v, "peak") / MB, max(peaks), med(v, "sampled") / MB, med(v, "anon") / MB,
+               med(v, "file") / MB, med(v, "ru_peak") / MB, med(v, "peak") / record, t[0])  # fmt: skip
+        print(f"{v:<9}" + "".join(f"{x:>9{f}}" for x, f in zip(row, FORMATS)))
     a, b = runs["nitro"][0]["checksum"], runs["load-all"][0]["checksum"]
     print(f"checksum of the means: nitro {a:.6e}, load-all {b:.6e}")
     mem = med("nitro", "peak") / record

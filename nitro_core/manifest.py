@@ -77,11 +77,12 @@ def read_manifest(run_dir: str | Path) -> list[ManifestEntry]:
 
 
 def load(run_dir: Path) -> Manifest:
-    data = store.load_manifest_json(run_dir)
+    data = store.load_manifest_bytes(Path(run_dir))
     if data is None:
         return Manifest()
     try:
-        return _MANIFEST.validate_python(data)
+        with store.paused_gc():
+            return _MANIFEST.validate_json(data)
     except ValueError as exc:
         raise CheckpointCorrupt(
             f"Manifest {str(run_dir / store.MANIFEST_NAME)!r} is not valid: {exc}. "

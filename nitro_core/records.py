@@ -32,12 +32,13 @@ def framework_version() -> str:
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
-    """A detached host copy of ``t``. A ``meta`` leaf has no data to copy: it is passed
-    through so the writer refuses it by name."""
+    """``t`` detached and on the host. A host tensor is not copied (records are written
+    synchronously, before the next step changes it); a ``meta`` leaf has no data to copy and
+    is passed through so the writer refuses it by name."""
     t = t.detach()
-    if t.device.type == "meta":
+    if t.device.type in ("cpu", "meta"):
         return t
-    return t.to("cpu", copy=True) if t.device.type == "cpu" else t.cpu()
+    return t.cpu()
 
 
 # -- the tree codec --------------------------------------------------------------------------

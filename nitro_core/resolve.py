@@ -110,7 +110,7 @@ def pick_best(
             NitroWarning,
             stacklevel=4,
         )
-    return ranked(mine, pair[1])[0]
+    return ranked(mine, pair[1], 1)[0]
 
 
 def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry]) -> Resolved:

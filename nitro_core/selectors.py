@@ -9,6 +9,7 @@ loading only).
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 import warnings
 from collections.abc import Iterable, Sequence
@@ -125,19 +126,27 @@ def pick(
         wanted = set(selector.epochs)
         return [e for e in entries if e.epoch in wanted]
     pool = entries if selector.among is None else pick(selector.among, entries, mode)
-    chosen = set(map(id, ranked(pool, mode)[: selector.k]))
+    chosen = set(map(id, ranked(pool, mode, selector.k)))
     return [e for e in entries if id(e) in chosen]
 
 
-def ranked(entries: Sequence[ManifestEntry], mode: Mode | None) -> list[ManifestEntry]:
-    """Scored entries, best first (an unknown mode ranks nothing)."""
+def ranked(
+    entries: Sequence[ManifestEntry], mode: Mode | None, k: int | None = None
+) -> list[ManifestEntry]:
+    """Scored entries, best first (only the best ``k`` when given, without a full sort);
+    ties keep the earlier entry first. An unknown mode ranks nothing."""
     if mode is None:
         return []
     scored = [
         (i, e) for i, e in enumerate(entries) if e.score is not None and math.isfinite(e.score)
     ]
     sign = 1.0 if mode == "min" else -1.0
-    return [e for _, e in sorted(scored, key=lambda ie: (sign * ie[1].score, ie[0]))]
+
+    def key(ie: tuple[int, ManifestEntry]) -> tuple[float, int]:
+        return (sign * ie[1].score, ie[0])
+
+    best = heapq.nsmallest(k, scored, key=key) if k is not None else sorted(scored, key=key)
+    return [e for _, e in best]
 
 
 @dataclass(frozen=True)

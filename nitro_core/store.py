@@ -13,6 +13,7 @@ inter-process file lock (``.manifest.lock`` beside it).
 from __future__ import annotations
 
 import fcntl
+import gc
 import hashlib
 import json
 import os
@@ -171,26 +172,33 @@ def write_record(
     head += b" " * (-len(head) % 8)
     total = 8 + len(head) + offset
 
-    def write(f: Any) -> str:
+    def write(f: Any) -> Callable[[], str]:
+        """Write every block while a second thread hashes it; returns a function that waits
+        for the hash, so the caller can fsync first and overlap the two."""
         sha = hashlib.sha256()
-        with ThreadPoolExecutor(max_workers=1) as hasher:
-            pending = []
-            for block in _blocks(struct.pack("<Q", len(head)) + head, tensors, order):
-                pending.append(hasher.submit(sha.update, block))
-                f.write(block)
+        hasher = ThreadPoolExecutor(max_workers=1)
+        pending = []
+        for block in _blocks(struct.pack("<Q", len(head)) + head, tensors, order):
+            pending.append(hasher.submit(sha.update, block))
+            f.write(block)
+
+        def digest() -> str:
             for job in pending:
                 job.result()
-        return sha.hexdigest()
+            hasher.shutdown()
+            return sha.hexdigest()
+
+        return digest
 
     if isinstance(target, Reservation):
         with os.fdopen(os.dup(target.fd), "wb") as f:
-            sha = write(f)
+            digest = write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp_path(target.path), target.path)
         fsync_dir(target.path.parent)
-        return total, sha
-    return total, commit(write, target)
+        return total, digest()
+    return total, commit(write, target)()
 
 
 def _blocks(head: bytes, tensors: Mapping[str, torch.Tensor], order: list[str]) -> Iterator[Any]:
@@ -249,8 +257,10 @@ def read_header(path: Path) -> dict[str, Any]:
             (n,) = struct.unpack("<Q", raw)
             if n > _MAX_HEADER or 8 + n > size:
                 raise ValueError(f"header length {n} does not fit a file of {size} bytes")
-            header = json.loads(f.read(n))
-        meta = json.loads(header["__metadata__"][META_KEY])
+            raw = f.read(n)
+        with paused_gc():  # thousands of small objects at once: skip the collector's scans
+            header = json.loads(raw)
+            meta = json.loads(header["__metadata__"][META_KEY])
         data_end = max(
             (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0
         )
@@ -268,6 +278,19 @@ def read_header(path: Path) -> dict[str, Any]:
     return meta
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Parse a large JSON document without the cyclic collector scanning every new object
+    (with torch imported a full collection takes ~100 ms); it is acyclic, so nothing leaks."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 # -- the manifest ---------------------------------------------------------------------------
 @contextmanager
 def manifest_lock(directory: Path) -> Iterator[None]:
@@ -277,13 +300,12 @@ def manifest_lock(directory: Path) -> Iterator[None]:
         yield
 
 
-def load_manifest_json(directory: Path) -> dict[str, Any] | None:
-    """The manifest's parsed JSON, or None when the directory has none."""
+def load_manifest_bytes(directory: Path) -> bytes | None:
+    """The manifest's bytes, or None when the directory has none."""
     try:
-        data = (Path(directory) / MANIFEST_NAME).read_bytes()
+        return (Path(directory) / MANIFEST_NAME).read_bytes()
     except FileNotFoundError:
         return None
-    return json.loads(data)
 
 
 def save_manifest_json(directory: Path, data: Mapping[str, Any]) -> None:

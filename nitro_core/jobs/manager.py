@@ -100,7 +100,11 @@ class JobManager:
             raise CheckpointNotFound(
                 f"No job {job_id!r} under {str(self.jobs_dir)!r}; nitro_jobs lists the jobs there."
             )
-        return self._refresh(read_status(directory))
+        status = self._refresh(read_status(directory))
+        if status.state == "queued" or status.state in TERMINAL:
+            self.pump()  # a queued job may start now, or this one's end freed a slot
+            status = read_status(directory)
+        return status
 
     def spec(self, job_id: str) -> JobSpec:
         self.status(job_id)

@@ -17,6 +17,8 @@ from nitro_core.jobs.files import JobSpec, append_event, process_start, read_spe
 from nitro_core.jobs.status import update_status
 from nitro_core.manifest import now_iso
 
+log = logging.getLogger("nitro.worker")
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
@@ -148,7 +150,22 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
         step=n.step,
     )
 
+    log.info(
+        "run %s in %s: setup done at epoch %d, training to %d",
+        n.run_id,
+        spec.run_dir,
+        n.epoch,
+        exp.max_epochs,
+    )
+
     def on_epoch(row: dict[str, Any]) -> None:
+        log.info(
+            "epoch %d step %d train_loss=%.6g val=%s",
+            row["epoch"],
+            row["step"],
+            row["train_loss"],
+            row["val"],
+        )
         update_status(
             directory,
             epoch=row["epoch"],

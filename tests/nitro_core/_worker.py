@@ -2,11 +2,13 @@
 
     python _worker.py RUN_DIR --experiment big|regression|classifier|shared
         [--resume auto|false] [--max-epochs N] [--seed N] [--samples N]
-        [--ready PATH] [--go PATH] [--out PATH]
+        [--hold PATH] [--ready PATH] [--go PATH] [--out PATH]
 
-``--ready``: a file touched once torch is imported and the Nitro handle is set up (the
-resume, if any, already loaded), just before training starts. ``--go``: wait for this file
-to exist before training (a start barrier for concurrent workers). ``--out``: after training,
+``--hold``: wait for this file to exist before touching the run directory (so a worker can
+import torch while the previous one is still running). ``--ready``: a file touched once the
+Nitro handle is set up (the resume, if any, already loaded), just before training starts.
+``--go``: wait for this file to exist before training (a start barrier for concurrent
+workers). ``--out``: after training,
 the final model state and optimizer state, saved with safetensors (optimizer state flattened
 as ``optim/<param_idx>/<key>``; epoch, step, run and param_groups in the metadata).
 """
@@ -101,6 +103,14 @@ def save_final(nitro: Nitro, out: Path) -> None:
     save_file(tensors, str(out), metadata=meta)
 
 
+def wait_for(path: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"worker: {path} did not appear within {timeout:.0f} s")
+        time.sleep(0.002)
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("run_dir", type=Path)
@@ -109,23 +119,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--max-epochs", type=int)
     p.add_argument("--samples", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument("--hold", type=Path)
     p.add_argument("--ready", type=Path)
     p.add_argument("--go", type=Path)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)  # the same arithmetic in every process, and no oversubscription
+    # warm torch's lazy imports before --hold: an optimizer's first construction imports
+    # torch._dynamo (~1.5 s), which a pre-started worker should pay before it is released
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
     resume = "auto" if args.resume == "auto" else False
+    if args.hold is not None:
+        wait_for(args.hold)
     nitro = Nitro(experiment(args), run_dir=args.run_dir, seed=args.seed, resume=resume)
     if args.ready is not None:
         args.ready.touch()
     if args.go is not None:
-        deadline = time.monotonic() + 60
-        while not args.go.exists():
-            if time.monotonic() > deadline:
-                print(f"worker: {args.go} never appeared", file=sys.stderr)
-                return 3
-            time.sleep(0.002)
+        wait_for(args.go)
     nitro.train()
     if args.out is not None:
         save_final(nitro, args.out)

@@ -116,14 +116,17 @@ def test_nothing_in_nitro_calls_torch_load_pickle_or_eval():
             if isinstance(node, ast.Call):
                 func = node.func
                 name = func.id if isinstance(func, ast.Name) else ast.unparse(func)
-                assert name not in (
+                banned = (
                     "eval",
                     "exec",
                     "torch.load",
                     "ast.literal_eval",
-                    "importlib.import_module",
                     "__import__",
-                ), f"{path}:{node.lineno} calls {name}"
+                    "importlib.import_module",
+                )
+                # the one import of a module by name: operator-given --experiment-module, never client text
+                allowed = path.name == "registry.py" and name == "importlib.import_module"
+                assert name not in banned or allowed, f"{path}:{node.lineno} calls {name}"
             if isinstance(node, ast.Import | ast.ImportFrom):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert not {"pickle", "dill", "cloudpickle"} & set(names), (

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,8 +69,8 @@ class Workers:
         deadline = time.monotonic() + START_TIMEOUT
         while not ready.exists():
             if proc.poll() is not None:
-                pytest.fail(f"{what}: worker exited {proc.returncode} before training:\n"
-                            f"{self.output(proc)}")  # fmt: skip
+                out = self.output(proc)
+                pytest.fail(f"{what}: worker exited {proc.returncode} before training:\n{out}")
             if time.monotonic() > deadline:
                 pytest.fail(f"{what}: worker not ready after {START_TIMEOUT} s")
             time.sleep(0.005)
@@ -90,7 +91,7 @@ class Workers:
     def close(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
+                proc.kill()
                 proc.wait(timeout=30)
 
 
@@ -154,11 +155,21 @@ def test_sigkill_during_record_writes_leaves_a_consistent_manifest(tmp_path, wor
     rnd = random.Random(20240601)
     run_dir = tmp_path / "run"
     kills, mid_write = 20, 0
+
+    def launch(i: int) -> tuple[subprocess.Popen, Path, Path]:
+        """Worker i imports torch at once, then holds until its hold file appears."""
+        hold, ready = tmp_path / f"hold-{i}", tmp_path / f"ready-{i}"
+        args = ("--experiment", "big", "--hold", hold, "--ready", ready)
+        return workers.start(f"kill-{i}", run_dir, *args), hold, ready
+
+    upcoming = [launch(0), launch(1)]  # two workers import ahead, each held until its turn
     for i in range(kills):
-        ready = tmp_path / f"ready-{i}"
-        proc = workers.start(f"kill-{i}", run_dir, "--experiment", "big", "--ready", ready)
+        proc, hold, ready = upcoming.pop(0)
+        hold.touch()  # only now may it touch run_dir: worker i - 1 is dead and checked
         workers.wait_ready(proc, ready, f"iteration {i}")
         started = time.time_ns()
+        if i + 2 < kills:
+            upcoming.append(launch(i + 2))
         time.sleep(rnd.uniform(0.0, 0.7))
         workers.kill(proc, f"iteration {i}")
         mid_write += any(p.stat().st_mtime_ns >= started for p in run_dir.glob("*.safetensors.tmp"))
@@ -177,12 +188,13 @@ def test_sigkill_during_record_writes_leaves_a_consistent_manifest(tmp_path, wor
     last = read_manifest(run_dir)[-1]
     assert last.epoch > before, f"final entry at epoch {last.epoch}, before it {before}"
     assert (last.epoch, last.stop_reason) == (before + 2, "completed")
+    shutil.rmtree(run_dir)  # ~1 GB of records and set-aside leftovers
 
 
 # -- 2. resume after SIGKILL == uninterrupted --------------------------------------------------
 @pytest.mark.parametrize(
     ("experiment", "samples", "kill_seed"),
-    [("regression", 50000, 1), ("classifier", 30000, 2)],
+    [("regression", 50000, 1), ("classifier", 40000, 2)],
     ids=["regression-seed1", "classifier-seed2"],
 )
 def test_resume_after_sigkill_equals_uninterrupted_run(
@@ -191,19 +203,20 @@ def test_resume_after_sigkill_equals_uninterrupted_run(
     common = ("--experiment", experiment, "--samples", samples, "--max-epochs", 4)
     dir_a, dir_b = tmp_path / "A", tmp_path / "B"
     out_a, out_c = tmp_path / "A.safetensors", tmp_path / "C.safetensors"
-    ready_b = tmp_path / "ready-B"
+    ready_b, hold_c = tmp_path / "ready-B", tmp_path / "hold-C"
     run_a = workers.start("A", dir_a, *common, "--resume", "false", "--out", out_a)
     run_b = workers.start("B", dir_b, *common, "--resume", "false", "--ready", ready_b)
+    # C imports torch now, and touches dir B only once B is dead
+    run_c = workers.start("C", dir_b, *common, "--resume", "auto", "--hold", hold_c, "--out", out_c)
     workers.wait_ready(run_b, ready_b, "run B")
-    time.sleep(random.Random(kill_seed).uniform(0.0, 0.9))
+    time.sleep(random.Random(kill_seed).uniform(0.0, 0.8))
     workers.kill(run_b, "run B")
-    workers.finish(run_a, "run A (uninterrupted)")
     problems = manifest_problems(dir_b)
     assert not problems, "run B after SIGKILL: " + "; ".join(problems)
     epochs_before = [e.epoch for e in read_manifest(dir_b)]
-
-    run_c = workers.start("C", dir_b, *common, "--resume", "auto", "--out", out_c)
+    hold_c.touch()
     workers.finish(run_c, f"run C (resume='auto' after B's kill; B had epochs {epochs_before})")
+    workers.finish(run_a, "run A (uninterrupted)")
 
     final = read_manifest(dir_b)[-1]
     assert (final.epoch, final.stop_reason) == (4, "completed")
@@ -324,14 +337,21 @@ def test_nan_score_is_refused_and_nothing_on_disk_is_lost(tmp_path):
     nitro.data["val"].before_poison = lambda: seen.setdefault("before", directory_state(run_dir))
     with pytest.raises(MonitorError) as err:
         nitro.train()
+    nitro.logger.close()  # the handle has no close() of its own
     message = str(err.value)
     assert "'loss'" in message and "epoch 3" in message, message
 
     assert [e.epoch for e in read_manifest(run_dir)] == [1, 2]
-    assert not manifest_problems(run_dir)
+    problems = manifest_problems(run_dir)
+    assert not problems, "; ".join(problems)
     assert "before" in seen, "the third validation never ran"
-    assert directory_state(run_dir) == seen["before"], "a file changed after the NaN"
+    after = directory_state(run_dir)
+    changed = sorted(
+        k for k in after.keys() | seen["before"].keys() if after.get(k) != seen["before"].get(k)
+    )
+    assert not changed, f"changed on disk after the NaN at epoch 3: {changed}"
     resumed = Nitro(NanAtEpoch3(), run_dir=run_dir, resume="auto")
+    resumed.logger.close()
     assert (resumed.epoch, resumed.run_id) == (2, nitro.run_id)
 
 
@@ -357,7 +377,7 @@ def _truncate(path: Path) -> None:
 def test_truncated_and_bitflipped_records_raise_checkpoint_corrupt(tmp_path):
     run_dir = tmp_path / "run"
     exp = LastThree(samples=256, max_epochs=4)
-    Nitro(exp, run_dir=run_dir).train()
+    Nitro(exp, run_dir=run_dir).train().logger.close()
     entries = read_manifest(run_dir)
     assert [e.epoch for e in entries] == [2, 3, 4]
     oldest, middle, latest = (run_dir / e.file for e in entries)
@@ -375,7 +395,9 @@ def test_truncated_and_bitflipped_records_raise_checkpoint_corrupt(tmp_path):
     assert meta["epoch"] == 4 and tensors
 
     intact = latest.read_bytes()
-    assert Nitro(exp, run_dir=run_dir, resume="auto").epoch == 4
+    resumed = Nitro(exp, run_dir=run_dir, resume="auto")
+    resumed.logger.close()
+    assert resumed.epoch == 4
     for corrupt in (_flip_a_data_bit, _truncate):
         latest.write_bytes(intact)
         corrupt(latest)
