@@ -36,13 +36,14 @@ def write_averaged(result: Averaged, path: Path) -> None:
             tensors[f"{kind}/{key}"] = to_host(result.state[key])
             if result.ema is not None:
                 tensors[f"ema/{key}"] = to_host(result.ema[key])
-    meta = {
-        k: v
-        for k, v in result.meta.items()
-        if k not in ("optimizer", "scheduler", "plateau", "rng", "early_stopping", "history")
-    }
-    meta.update(
+    meta = dict(result.meta)
+    meta.update(  # weights only: no optimizer, schedule, RNG or history to resume from
         optimizer=None,
+        scheduler=None,
+        plateau=None,
+        rng=None,
+        early_stopping=None,
+        history=None,
         format_version=FORMAT_VERSION,
         framework_version=framework_version(),
         averaged_from=result.averaged_from,

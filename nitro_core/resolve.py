@@ -45,11 +45,6 @@ def resolve(
     if isinstance(source, PathSource):
         return _resolve_path(source, run_dir, entries)
     where = str(run_dir)
-    if not entries:
-        raise CheckpointNotFound(
-            f"No checkpoint matches {str(source)!r} in {where!r}: it holds no checkpoints "
-            "(no manifest entries). Train a run there first, or name a record file by its path."
-        )
     if source.run.kind == "all":
         if source.pick == "latest":
             raise ConfigError(
@@ -61,6 +56,12 @@ def resolve(
                 f"{str(source)!r}: averaging across runs is planned, not yet supported. Average "
                 f"within one run: 'latest => {source.pick}' or '<run id> => {source.pick}'."
             )
+    if not entries:
+        raise CheckpointNotFound(
+            f"No checkpoint matches {str(source)!r} in {where!r}: it holds no checkpoints "
+            "(no manifest entries). Train a run there first, or name a record file by its path."
+        )
+    if source.run.kind == "all":
         pool = entries
     else:
         run = manifest.latest_run(entries) if source.run.kind == "latest" else source.run.id

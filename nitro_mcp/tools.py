@@ -63,9 +63,9 @@ class Gate:
     def _check_source(self, source: Source, run_dir: Path, keyword: str) -> None:
         """Resolve a source against the manifest now, so a call that can never succeed is
         answered at once; paths must lie inside the root."""
-        if isinstance(source, PathSource):
-            path = Path(source.path)
-            inside_root(self.root, str(path if path.is_absolute() else run_dir / path), keyword)
+        if isinstance(source, PathSource):  # as the resolver looks: from the root, then run_dir
+            for base in (self.root, run_dir):
+                inside_root(self.root, str(base / source.path), keyword)
         resolve(source, run_dir, manifest.read_manifest(run_dir))
 
     # -- nitro_train ------------------------------------------------------------------------------
@@ -141,7 +141,6 @@ class Gate:
             raise ConfigError(
                 f"source={source!r} is not an average; write e.g. 'latest => Average(Last(10))'."
             )
-        self._check_source(src, where, "source")
         saved = None
         if save is not None:
             saved = inside_root(self.root, save, "save")
@@ -149,6 +148,7 @@ class Gate:
                 raise ConfigError(
                     f"save={save!r} already exists; Nitro never overwrites it. Choose a new name."
                 )
+        self._check_source(src, where, "source")
         if validate:
             if experiment is None:
                 raise ConfigError(
@@ -385,7 +385,7 @@ class Gate:
 
 def _check_wait(wait_s: float, most: float) -> None:
     if not 0 <= wait_s <= most:
-        raise ConfigError(f"wait_s={wait_s!r} is out of range; give 0 to {most:g} seconds.")
+        raise ConfigError(f"wait_s={wait_s:g} is out of range; give 0 to {most:g} seconds.")
 
 
 def _check_device(device: str) -> None:

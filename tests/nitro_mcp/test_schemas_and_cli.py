@@ -1,0 +1,77 @@
+"""schemas/ matches the server and the models; the CLI's terminal commands work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nitro_core import Nitro, checkpoint_info, read_manifest
+from nitro_core.examples import Classifier
+from nitro_core.header import RecordHeader
+from nitro_mcp.cli import main
+from nitro_mcp.schemas import generate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_committed_schemas_match_the_server_and_models():
+    generated = generate()
+    on_disk = {
+        str(p.relative_to(REPO / "schemas")): json.loads(p.read_text())
+        for p in (REPO / "schemas").rglob("*.json")
+    }
+    assert set(on_disk) == set(generated), "run `nitro schemas` and commit schemas/"
+    for name, schema in generated.items():
+        assert on_disk[name] == json.loads(json.dumps(schema)), (
+            f"{name} drifted: run `nitro schemas`"
+        )
+
+
+def test_every_record_header_validates_against_the_header_schema(tmp_path):
+    from nitro_core import average_checkpoints
+
+    Nitro(Classifier(max_epochs=3, samples=256), run_dir=tmp_path).train()
+    for e in read_manifest(tmp_path):
+        RecordHeader.model_validate(checkpoint_info(tmp_path / e.file))
+    average_checkpoints(tmp_path, "latest => Average(Last(2))", save=tmp_path / "avg.safetensors")
+    RecordHeader.model_validate(checkpoint_info(tmp_path / "avg.safetensors"))
+
+
+def test_cli_train_runs_info_manifest_and_average(tmp_path, capsys):
+    run = str(tmp_path / "r")
+    assert (
+        main(
+            [
+                "train",
+                "Regression",
+                "--run-dir",
+                run,
+                "--set",
+                "max_epochs=2",
+                "--set",
+                "samples=128",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert '"epoch": 2' in out and "completed at epoch 2" in out
+    assert main(["runs", run]) == 0
+    assert "[completed]" in capsys.readouterr().out
+    entries = read_manifest(run)
+    assert main(["info", f"{run}/{entries[-1].file}"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["epoch"] == 2 and "rng" not in info
+    assert main(["manifest", run]) == 0
+    assert [e["file"] for e in json.loads(capsys.readouterr().out)] == [e.file for e in entries]
+    assert main(["average", run, "--source", "latest => Average(Last(2))"]) == 0
+    assert json.loads(capsys.readouterr().out)["averaged_from"]["epochs"] == [1, 2]
+    assert main(["average", run, "--source", "latest => Average(Last(5))"]) == 1
+    assert "Last(5) needs the last 5 epochs" in capsys.readouterr().err
+    assert main(["validate", "Regression", "--run-dir", run, "--set", "samples=128"]) == 0
+    assert '"loss"' in capsys.readouterr().out
+
+
+def test_cli_reports_errors_on_stderr_with_status_1(tmp_path, capsys):
+    assert main(["train", "Nope", "--run-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.startswith("nitro train: Unknown experiment 'Nope'")
