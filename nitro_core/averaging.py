@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors import safe_open
 
 from nitro_core import manifest, store
 from nitro_core.errors import CheckpointCorrupt, CheckpointNotFound, ConfigError, NitroWarning
@@ -154,40 +153,39 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
             f"load_ema=True, but {lacking.file!r} (epoch {lacking.epoch}) keeps no EMA; every "
             "picked record must. Drop load_ema to average their parameters."
         )
-    prefixes = ["params/"] + (["ema/"] if has_ema else [])
+    targets = {f"params/{k}" for k in params} | ({f"ema/{k}" for k in params} if has_ema else set())
     sums: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
-    for e in picked:
-        path = run_dir / e.file
-        _verify(path, e)
-        with safe_open(str(path), framework="pt") as f:
-            names = set(f.keys())
-            for prefix in prefixes:
-                for key in params:
-                    name = prefix + key
-                    if name not in names:
-                        raise CheckpointCorrupt(
-                            f"Checkpoint {str(path)!r} lacks {name!r}; the records picked for {resolved.source} do not share one layout."
-                        )
-                    t = f.get_tensor(name)
-                    if not (t.is_floating_point() or t.is_complex()):
-                        continue  # counters are never averaged
-                    if name in sums:
-                        sums[name] += t.to(torch.float64)
-                    else:
-                        sums[name], dtypes[name] = t.to(torch.float64), t.dtype
-                    del t
+    kept: dict[str, torch.Tensor] = {}  # what the state record supplies as it is
+    scratch: dict[torch.dtype, torch.Tensor] = {}
+    for i, e in enumerate(picked):
+        if i + 1 < len(picked):
+            store.prefetch(run_dir / picked[i + 1].file)  # its disk time overlaps this one's work
+        is_state = e.file == resolved.path.name
+        seen: set[str] = set()
+
+        def want(name: str, is_state: bool = is_state) -> bool:
+            return name in targets or (
+                is_state and name.startswith(("params/", "buffers/", "ema/"))
+            )
+
+        for name, shape, first, piece in store.stream_chunks(run_dir / e.file, e.sha256, want):
+            seen.add(name)
+            if name in targets and (piece.is_floating_point() or piece.is_complex()):
+                _accumulate(sums, dtypes, scratch, name, shape, first, piece)
+            elif is_state:  # counters and layer state, never averaged
+                whole = kept.setdefault(name, torch.empty(shape, dtype=piece.dtype))
+                whole.view(-1)[first : first + piece.numel()] = piece
+        if missing := targets - seen:
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(run_dir / e.file)!r} lacks {sorted(missing)[0]!r}; the records "
+                f"picked for {resolved.source} do not share one layout."
+            )
     count = len(picked)
-    with safe_open(str(resolved.path), framework="pt") as f:
-        base = {
-            name: f.get_tensor(name)
-            for name in f.keys()
-            if name.startswith(("params/", "buffers/", "ema/"))
-        }
-    for name, total in sums.items():
-        base[name] = (total / count).to(dtypes[name])
-    state = state_dict_from(base, layout)
-    ema = state_dict_from(base, layout, prefix="ema/") if has_ema else None
+    for name in list(sums):  # cast back one tensor at a time, freeing its sum
+        kept[name] = sums.pop(name).div_(count).to(dtypes[name])
+    state = state_dict_from(kept, layout)
+    ema = state_dict_from(kept, layout, prefix="ema/") if has_ema else None
     averaged_from = {
         "spec": str(resolved.source),
         "run": picked[0].run,
@@ -201,18 +199,26 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
     return Averaged(state=state, ema=ema, meta=state_meta, averaged_from=averaged_from)
 
 
-def _verify(path: Path, entry: ManifestEntry) -> None:
-    if not path.is_file():
-        raise CheckpointCorrupt(
-            f"Checkpoint file {str(path)!r} is missing; it was listed but is not on disk."
-        )
-    actual = store.file_sha256(path)
-    if actual != entry.sha256:
-        raise CheckpointCorrupt(
-            f"Checkpoint {str(path)!r} is corrupt: its sha256 is {actual[:16]}..., the manifest "
-            f"recorded {entry.sha256[:16]}... when it was written. Load another checkpoint "
-            "(read_manifest lists them) or restore this file from a backup."
-        )
+def _accumulate(
+    sums: dict[str, torch.Tensor],
+    dtypes: dict[str, torch.dtype],
+    scratch: dict[torch.dtype, torch.Tensor],
+    name: str,
+    shape: list[int],
+    first: int,
+    piece: torch.Tensor,
+) -> None:
+    """``sums[name][first:first+len(piece)] += piece`` in float64, converting through one
+    reused scratch buffer so that no temporary is allocated per piece."""
+    wide = torch.complex128 if piece.is_complex() else torch.float64
+    if name not in sums:
+        sums[name] = torch.zeros(shape, dtype=wide)
+        dtypes[name] = piece.dtype
+    if wide not in scratch or scratch[wide].numel() < piece.numel():
+        scratch[wide] = torch.empty(piece.numel(), dtype=wide)
+    converted = scratch[wide][: piece.numel()]
+    converted.copy_(piece)
+    sums[name].view(-1)[first : first + piece.numel()].add_(converted)
 
 
 def _has_ema(path: Path) -> bool:

@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 from filelock import FileLock
-from safetensors import safe_open
 
 from nitro_core.errors import CheckpointCorrupt, RecordError
 
@@ -37,6 +36,7 @@ LOCK_NAME = ".manifest.lock"
 TMP_SUFFIX = ".tmp"
 _MAX_HEADER = 100 * 1024 * 1024
 _CHUNK = 8 * 1024 * 1024
+_PIECE = 4 * 1024 * 1024  # streamed reads: a few of these are all a reader holds
 
 _DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",
@@ -55,6 +55,9 @@ _DTYPES: dict[torch.dtype, str] = {
     torch.uint32: "U32",
     torch.uint64: "U64",
 }
+
+
+_FROM_CODE = {code: dtype for dtype, code in _DTYPES.items()}
 
 
 # -- the commit protocol ------------------------------------------------------------------
@@ -224,24 +227,171 @@ def read_record(
     path: Path, sha256: str | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Load a record's tensors and metadata, checking its bytes against ``sha256`` if given."""
+    meta = read_header(path)
+    return dict(stream_record(path, sha256)), meta
+
+
+class _HashingReader:
+    """Reads a record front to back, hashing every byte on a second thread as it goes."""
+
+    RING = 3  # piece buffers reused by read(..., reuse=True)
+
+    def __init__(self, path: Path, f: Any, hasher: ThreadPoolExecutor) -> None:
+        self.path, self.f, self.hasher = path, f, hasher
+        self.sha = hashlib.sha256()
+        self.pending: list[Any] = []
+        self.ring: list[tuple[memoryview, Any]] = []
+        self.turn = 0
+
+    def read(self, nbytes: int, reuse: bool = False) -> memoryview:
+        """The next ``nbytes`` of the file, queued for hashing. With ``reuse`` the bytes land
+        in one of a few fixed chunk buffers (valid until the buffer comes round again, after
+        its hash is done), so streaming a file allocates nothing per chunk."""
+        if reuse:
+            if len(self.ring) < self.RING:
+                self.ring.append((memoryview(bytearray(_PIECE)), None))
+            slot = self.turn % len(self.ring)
+            buffer, job = self.ring[slot]
+            if job is not None:
+                job.result()
+            view = buffer[:nbytes]
+        else:
+            view = memoryview(bytearray(nbytes))
+        got = 0
+        while got < nbytes and (n := self.f.readinto(view[got:])):
+            got += n
+        if got < nbytes:
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(self.path)!r} is truncated: it ends {nbytes - got} bytes short "
+                "of what its header describes. Load another checkpoint (read_manifest lists them)."
+            )
+        job = self.hasher.submit(self.sha.update, view)
+        self.pending.append(job)
+        while len(self.pending) > self.RING:  # bound the chunks held for hashing
+            self.pending.pop(0).result()
+        if reuse:
+            self.ring[self.turn % len(self.ring)] = (self.ring[self.turn % len(self.ring)][0], job)
+            self.turn += 1
+        return view
+
+    def tensors(self) -> list[tuple[str, dict[str, Any]]]:
+        """The header's tensor entries in file order, checked to tile the data exactly."""
+        try:
+            (n,) = struct.unpack("<Q", self.read(8))
+            size = os.fstat(self.f.fileno()).st_size
+            if n > _MAX_HEADER or 8 + n > size:
+                raise ValueError(f"header length {n} does not fit a file of {size} bytes")
+            with paused_gc():
+                header = json.loads(bytes(self.read(n)))
+            header.pop("__metadata__", None)
+            entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
+        except (ValueError, KeyError, TypeError, struct.error) as exc:
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(self.path)!r} is not a readable record ({exc})."
+            ) from None
+        position = 0
+        for name, info in entries:
+            begin, end = info["data_offsets"]
+            if begin != position or info["dtype"] not in _FROM_CODE:
+                raise CheckpointCorrupt(
+                    f"Checkpoint {str(self.path)!r} has a malformed header at tensor {name!r}."
+                )
+            position = end
+        return entries
+
+    def finish(self, sha256: str | None) -> None:
+        if self.f.read(1):
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(self.path)!r} has bytes past the end its header describes."
+            )
+        for job in self.pending:
+            job.result()
+        if sha256 is not None and (actual := self.sha.hexdigest()) != sha256:
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(self.path)!r} is corrupt: its sha256 is {actual[:16]}..., the "
+                f"manifest recorded {sha256[:16]}... when it was written. Load another checkpoint "
+                "(read_manifest lists them) or restore this file from a backup."
+            )
+
+
+@contextmanager
+def _reader(path: Path) -> Iterator[_HashingReader]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointCorrupt(
             f"Checkpoint file {str(path)!r} is missing; it was listed but is not on disk."
         )
-    if sha256 is not None and (actual := file_sha256(path)) != sha256:
-        raise CheckpointCorrupt(
-            f"Checkpoint {str(path)!r} is corrupt: its sha256 is {actual[:16]}..., the manifest "
-            f"recorded {sha256[:16]}... when it was written. Load another checkpoint "
-            "(read_manifest lists them) or restore this file from a backup."
-        )
-    meta = read_header(path)
+    with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(max_workers=1) as hasher:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        yield _HashingReader(path, f, hasher)
+
+
+def prefetch(path: Path) -> None:
+    """Ask the kernel to start reading ``path`` into the page cache now, so that a later
+    streamed read overlaps its disk time with the work done before it."""
+    if not hasattr(os, "posix_fadvise"):
+        return
     try:
-        with safe_open(str(path), framework="pt") as f:
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
-    except Exception as exc:  # safetensors raises its own types for every malformed file
-        raise CheckpointCorrupt(f"Checkpoint {str(path)!r} is corrupt: {exc}.") from None
-    return tensors, meta
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # the reader will report it
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+
+
+def stream_record(
+    path: Path, sha256: str | None = None, want: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for the tensors ``want`` selects, in file order, reading the
+    file once while a second thread hashes it. A mismatch with ``sha256`` (or a truncated or
+    malformed file) raises :class:`CheckpointCorrupt` after the last byte, so a consumer
+    must exhaust the iterator before trusting what it built."""
+    with _reader(path) as r:
+        for name, info in r.tensors():
+            begin, end = info["data_offsets"]
+            dtype = _FROM_CODE[info["dtype"]]
+            if want is None or want(name):
+                data = r.read(end - begin)
+                tensor = (
+                    torch.frombuffer(data, dtype=dtype)
+                    if end > begin
+                    else torch.empty(0, dtype=dtype)
+                )
+                yield name, tensor.reshape(info["shape"])
+            else:
+                for start in range(begin, end, _PIECE):
+                    r.read(min(_PIECE, end - start), reuse=True)
+        r.finish(sha256)
+
+
+def stream_chunks(
+    path: Path, sha256: str | None, want: Callable[[str], bool]
+) -> Iterator[tuple[str, list[int], int, torch.Tensor]]:
+    """Like :func:`stream_record`, but yield each wanted tensor in flat pieces of at most
+    4 MB, as ``(name, shape, first element, piece)``. A piece is valid only until the next
+    one is yielded (the reader reuses a few fixed buffers), so memory holds no tensor of the
+    record at all (the averaging accumulator reads records this way)."""
+    with _reader(path) as r:
+        for name, info in r.tensors():
+            begin, end = info["data_offsets"]
+            dtype = _FROM_CODE[info["dtype"]]
+            size = torch.empty((), dtype=dtype).element_size()
+            step = _PIECE - _PIECE % size
+            for start in range(begin, end, step):
+                piece = r.read(min(step, end - start), reuse=True)
+                if want(name):
+                    yield (
+                        name,
+                        info["shape"],
+                        (start - begin) // size,
+                        torch.frombuffer(piece, dtype=dtype),
+                    )
+            if begin == end and want(name):
+                yield name, info["shape"], 0, torch.empty(0, dtype=dtype)
+        r.finish(sha256)
 
 
 def read_header(path: Path) -> dict[str, Any]:
