@@ -217,8 +217,19 @@ class Nitro:
                     break
         finally:
             wiring.restore_sigint(previous)
+            self.logger.close()  # reopened on the next row, if this handle trains again
         self._best.apply()
         return self
+
+    def close(self) -> None:
+        """Release the logger's file (``train()`` does this when it returns)."""
+        self.logger.close()
+
+    def __enter__(self) -> Nitro:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _decide_stop(self, metrics: dict[str, float]) -> StopReason | None:
         monitor = self.ranking.monitor

@@ -45,6 +45,7 @@ class JSONLLogger:
             if self._offset is not None:
                 self._f.truncate(min(int(self._offset), os.path.getsize(self.path)))
                 self._f.seek(0, os.SEEK_END)
+                self._offset = None  # truncate once; a later reopen appends
         return self._f
 
     def log(self, row: dict[str, Any]) -> None:
@@ -54,7 +55,7 @@ class JSONLLogger:
     def state(self) -> dict[str, Any]:
         return {
             "file": self.path.name if self.path else None,
-            "offset": self._f.tell() if self._f else 0,
+            "offset": self._file().tell() if self.path else 0,
         }
 
     def close(self) -> None:
