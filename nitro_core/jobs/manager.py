@@ -139,6 +139,9 @@ class JobManager:
         status = read_status(directory)  # the worker may have written its end just now
         if status.state != "running":
             return status
+        if status.stop_requested:  # SIGTERM reached it before it could record the stop
+            append_event(directory, {"time": now_iso(), "event": "stopped"})
+            return update_status(directory, state="stopped", phase="cancelled", ended=now_iso())
         append_event(directory, {"time": now_iso(), "event": "lost"})
         return update_status(
             directory,

@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         warnings.simplefilter("always")
         try:
             result, state = _run(spec, directory, stop)
+        except _StoppedEarly:
+            update_status(directory, state="stopped", phase="cancelled", ended=now_iso())
+            append_event(directory, {"time": now_iso(), "event": "stopped"})
+            return 0
         except Exception as exc:  # every failure is recorded; the worker is the edge
             from nitro_core.errors import NitroError
 
@@ -64,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class _StoppedEarly(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """SIGTERM arrived before training started: there is no epoch to finish."""
+
+
 class _Stop:
     """SIGTERM before the handle exists stops at once; afterwards it asks for a graceful stop."""
 
@@ -76,7 +84,7 @@ class _Stop:
         if self.handle_ref is not None:
             self.handle_ref.request_stop()
         else:
-            raise SystemExit(143)
+            raise _StoppedEarly
 
 
 def _experiment(spec: JobSpec) -> Any:

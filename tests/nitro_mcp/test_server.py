@@ -274,3 +274,22 @@ def test_nitro_train_replies_before_the_worker_imports_torch(tmp_path):
             return elapsed
 
     assert anyio.run(main) < 2.0  # generous on a loaded CI machine; the benchmark measures it
+
+
+def test_stopping_a_job_before_training_starts_reports_stopped(tmp_path):
+    async def main():
+        async with Client(build_server(tmp_path)) as client:
+            err, job = await call(client, "nitro_train", experiment="Regression", overrides=FAST)
+            err, stopped = await call(
+                client, "nitro_stop", job_id=job["job_id"]
+            )  # while it imports torch
+            assert not err, stopped
+            final = await wait_done(client, job["job_id"])
+            assert final["state"] == "stopped", final
+            assert final["phase"] in ("cancelled", "done")  # done: SIGTERM landed after setup
+            err, again = await call(client, "nitro_stop", job_id=job["job_id"])
+            assert err and again.endswith(
+                f"Job {job['job_id']} already ended (stopped); there is nothing to stop. nitro_status shows its result."
+            )
+
+    anyio.run(main)
