@@ -8,6 +8,7 @@ from nitro_core.data import TensorBatches
 from nitro_core.ema import EMA
 from nitro_core.errors import (
     CheckpointCorrupt,
+    CheckpointMissing,
     CheckpointNotFound,
     ConfigError,
     MissingHookError,
@@ -35,6 +36,7 @@ __all__ = [
     "Averaged",
     "Best",
     "CheckpointCorrupt",
+    "CheckpointMissing",
     "CheckpointNotFound",
     "Checkpointer",
     "ConfigError",

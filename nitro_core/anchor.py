@@ -26,21 +26,23 @@ class W0Anchor:
     """Pulls every decayed parameter toward its initial value."""
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
         self.groups = []
         w0_all = []
-        for group in optimizer.param_groups:
+        for index, group in enumerate(optimizer.param_groups):
             decay = float(group.get("weight_decay", 0.0))
             params = list(group["params"])
             w0 = [p.detach().clone() for p in params]
             w0_all.extend(w0)
             if decay:
                 group["weight_decay"] = 0.0
-                self.groups.append((group, decay, params, w0))
+                self.groups.append((index, decay, params, w0))
         self.checksum = checksum(w0_all)
 
     @torch.no_grad()
     def apply(self) -> None:
-        for group, decay, params, w0 in self.groups:
-            rate = float(group["lr"]) * decay
+        for index, decay, params, w0 in self.groups:
+            # the group dict is looked up each step: load_state_dict replaces the dicts
+            rate = float(self.optimizer.param_groups[index]["lr"]) * decay
             diffs = torch._foreach_sub(params, w0)
             torch._foreach_add_(params, diffs, alpha=-rate)

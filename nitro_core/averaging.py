@@ -50,10 +50,13 @@ def resolve_average(
     missing = _missing(avg.selector, pool, rankable, pair)
     if missing or not picked:
         kept = ", ".join(str(e.epoch) for e in pool) or "none"
+        recorded = pool[-1].keep  # the run's own keep, as its latest entry recorded it
+        under = f" under keep={recorded}" if recorded else ""
+        base = recorded[1:-1] if recorded else "Best(3)"  # '(Best(3), Last(1))' -> its selectors
         raise CheckpointNotFound(
             f"Cannot average {str(source)!r} in {str(run_dir)!r}: run {pool[0].run} kept epochs "
-            f"{kept}, and {avg.selector} needs {missing or 'at least one scored epoch'}. Keep them "
-            f"while training: Checkpointer(keep=(Best(3), {_keep_for(avg.selector)}))."
+            f"{kept}{under}, and {avg.selector} needs {missing or 'at least one scored epoch'}. "
+            f"Keep them while training: Checkpointer(keep=({base}, {_keep_for(avg.selector)}))."
         )
     if avg.state == "best" or (avg.state is None and isinstance(avg.selector, Best)):
         best = ranked([e for e in picked if e.pair == pair], pair[1])

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nitro_core import manifest, records, retention, store
-from nitro_core.errors import NitroWarning
+from nitro_core.errors import NitroWarning, TrainingRefused
 from nitro_core.manifest import ManifestEntry, StopReason
 from nitro_core.retention import Pair
 from nitro_core.selectors import Checkpointer
@@ -64,7 +64,8 @@ class CheckpointWriter:
         entry = ManifestEntry(
             file=record_name(epoch, step, score, metric, self.ckpt.name), epoch=epoch, step=step,
             score=score, metric=metric, mode=mode, stop_reason=stop_reason, run=self.run,
-            parent=self.parent, written=manifest.now_iso(), bytes=0, sha256=_PLACEHOLDER_SHA,
+            parent=self.parent, written=manifest.now_iso(), keep=str(self.ckpt), bytes=0,
+            sha256=_PLACEHOLDER_SHA,
         )  # fmt: skip
         if not retention.would_keep(entries, entry, self.ckpt, self.run, self.pair):
             log.debug("epoch %d not written: no selector of %s keeps it", epoch, self.ckpt)
@@ -83,9 +84,16 @@ class CheckpointWriter:
             entry = entry.model_copy(update={"file": reservation.path.name})
             tensors, meta = records.encode(snapshot())
             size, sha = store.write_record(reservation, tensors, meta)
-            entry = entry.model_copy(
-                update={"bytes": size, "sha256": sha, "written": manifest.now_iso()}
-            )
+        except BaseException:
+            store.remove_file(
+                store.tmp_path(reservation.path)
+            )  # no partial file outlives a failed save
+            reservation.release()
+            raise
+        entry = entry.model_copy(
+            update={"bytes": size, "sha256": sha, "written": manifest.now_iso()}
+        )
+        try:
             with store.manifest_lock(self.directory):
                 current = manifest.load(self.directory)
                 current.entries.append(entry)
@@ -93,10 +101,11 @@ class CheckpointWriter:
                 doomed = set(plan.delete)
                 current.entries = [e for e in current.entries if e.file not in doomed]
                 manifest.save(self.directory, current)
+                # deleted under the lock: once unlisted, a name may be claimed by another writer
+                for file in plan.delete:
+                    store.remove_file(self.directory / file)
         finally:
             reservation.release()
-        for file in plan.delete:
-            store.remove_file(self.directory / file)
         return None if entry.file in doomed else entry
 
     def _reserve(self, name: str, entries: list[ManifestEntry]) -> store.Reservation:
@@ -109,4 +118,7 @@ class CheckpointWriter:
             reservation = store.reserve(self.directory / candidate)
             if reservation is not None:
                 return reservation
-        raise AssertionError(f"run {self.run} found its own record name {name!r} taken")
+        raise TrainingRefused(
+            f"Run {self.run} cannot write {name!r} in {str(self.directory)!r}: another process is "
+            f"writing the same run's record right now. Train run {self.run} from one process at a time."
+        )

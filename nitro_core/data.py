@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
+from nitro_core.errors import ConfigError
+
 
 class TensorBatches:
     """Batches of dicts of tensors sliced along the first dimension."""
@@ -19,8 +21,13 @@ class TensorBatches:
     ) -> None:
         sizes = {len(t) for t in tensors.values()}
         if len(sizes) != 1:
-            raise ValueError(
-                f"TensorBatches: tensors differ in length {sorted(sizes)}; give equal lengths."
+            raise ConfigError(
+                f"TensorBatches: the tensors have lengths {sorted(sizes)}; give tensors of one length "
+                "(rows along the first dimension), e.g. TensorBatches({'x': x, 'y': y}, 32)."
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(
+                f"TensorBatches(batch_size={batch_size!r}): write a positive integer, e.g. 32."
             )
         self.tensors = dict(tensors)
         self.n = sizes.pop()

@@ -11,6 +11,7 @@ Each class also subclasses the builtin a caller would naturally catch, so
     ├── MonitorError(NitroError, ValueError)         the monitored metric is missing or not finite
     ├── CheckpointNotFound(NitroError, LookupError)  no entry matches what was asked for
     ├── CheckpointCorrupt(NitroError, OSError)       a record's bytes are not what was written
+    │   └── CheckpointMissing(CheckpointCorrupt, FileNotFoundError)  a record is not on disk
     ├── RecordError(NitroError, ValueError)          a state cannot be written as a record
     └── TrainingRefused(NitroError, RuntimeError)    the handle cannot train from its state
 
@@ -54,6 +55,10 @@ class CheckpointNotFound(NitroError, LookupError):
 
 class CheckpointCorrupt(NitroError, OSError):
     """A record is truncated, altered, or not a Nitro record."""
+
+
+class CheckpointMissing(CheckpointCorrupt, FileNotFoundError):
+    """A record file (often one the manifest lists) is not on disk."""
 
 
 class RecordError(NitroError, ValueError):

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 
 
 def refuse_existing(path: Path, what: str) -> None:
+    if path.suffix != ".safetensors":
+        raise ConfigError(
+            f"{what} {str(path)!r} must name a .safetensors file (sources find records by that "
+            "suffix), e.g. 'runs/my_run/avg10.safetensors'."
+        )
     if path.exists():
         raise ConfigError(
             f"{what} {str(path)!r} already exists; Nitro never overwrites it. Choose a new name, "

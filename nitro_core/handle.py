@@ -97,7 +97,7 @@ class Nitro:
                 )
             seed = point.seed
             point.check_environment(torch.get_num_threads(), self.device)
-        self.seed = 0 if seed is None else int(seed)
+        self.seed = wiring.check_seed(seed)
         self.run_id = point.continue_run if point and point.continue_run else secrets.token_hex(4)
         self.parent = point.parent if point else None
         self.checkpoint_source: Path | None = point.path if point else None
@@ -123,7 +123,10 @@ class Nitro:
         ema = experiment.ema()
         wiring.check_kind(name, "ema", ema, EMA)
         self.ema = EMATracker(self.model, ema.decay) if ema is not None else None
-        self.anchor = W0Anchor(self.optimizer) if experiment.decay_anchor() == "w0" else None
+        anchor = experiment.decay_anchor()
+        if anchor not in ("zero", "w0"):
+            raise ConfigError(f"{name}.decay_anchor() returned {anchor!r}; return 'zero' or 'w0'.")
+        self.anchor = W0Anchor(self.optimizer) if anchor == "w0" else None
         early, plateau = experiment.early_stopping(), experiment.plateau()
         wiring.check_kind(name, "early_stopping", early, EarlyStopping)
         wiring.check_kind(name, "plateau", plateau, Plateau)

@@ -40,8 +40,19 @@ class ManifestEntry(BaseModel):
         default=None, description="'<run>/<file>' of the record this run branched from."
     )
     written: str = Field(description="UTC time the record was committed (ISO 8601).")
+    keep: str | None = Field(
+        default=None,
+        description="The keep selectors of the run that wrote it, e.g. '(Best(3), Last(1))'.",
+    )
     bytes: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("file")
+    @classmethod
+    def _bare_name(cls, v: str) -> str:
+        if "/" in v or "\\" in v or v.startswith(".") or not v.endswith(".safetensors"):
+            raise ValueError(f"file {v!r} is not a bare record name in the run directory")
+        return v
 
     @field_validator("score")
     @classmethod

@@ -29,7 +29,14 @@ def check_options(
     strict: bool,
 ) -> LoadOptions:
     """Refuse combinations that cannot mean anything, with what to write instead."""
-    if resume is True:
+    for keyword, value in (
+        ("restore_optimizer", restore_optimizer),
+        ("load_ema", load_ema),
+        ("strict", strict),
+    ):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{keyword}={value!r} must be True or False.")
+    if resume is True or resume in ("true", ":true"):
         raise ConfigError(
             "resume=True is ambiguous; write resume='auto' (the latest record, or a fresh run "
             "when there is none) or a source such as resume='latest => latest'."

@@ -18,7 +18,7 @@ from nitro_core import retention
 from nitro_core.errors import ConfigError, MonitorError, NitroWarning
 from nitro_core.experiment import Experiment, defines
 from nitro_core.manifest import ManifestEntry
-from nitro_core.selectors import Checkpointer, Mode
+from nitro_core.selectors import NAME_PATTERN, Checkpointer, Last, Mode
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,21 @@ def resolve(
         pair = monitor
     else:
         pair = (None, None)
+    for what, metric in (("monitor()", monitor[0]), ("Checkpointer(metric=)", pair[0])):
+        if metric is not None and not NAME_PATTERN.fullmatch(metric):
+            raise ConfigError(
+                f"{name}.{what} names the metric {metric!r}; metric names take letters, digits and "
+                "'_', '.', '+', '-' only (they land in file names), e.g. 'acc' or 'top1_acc'."
+            )
+    reported = not custom and not defines(exp, "finalize_metrics")  # validation reports only 'loss'
+    wanted = {m for m in (pair[0], monitor[0] if defines(exp, "monitor") else None) if m}
+    if reported and wanted - {"loss"}:
+        bad = sorted(wanted - {"loss"})[0]
+        raise ConfigError(
+            f"{name} ranks by {bad!r}, but it defines no metrics(), so validation reports only "
+            f"'loss'. Define metrics() returning {bad!r} (name -> (sum, count)), or rank by "
+            "('loss', 'min')."
+        )
     watchers = [
         what
         for what, on in (("EarlyStopping", early_stopping), ("Plateau", plateau))
@@ -86,6 +101,15 @@ def resolve(
                 f"{name} uses {' and '.join(watchers)}, which watch the validation monitor, but "
                 "build_data() has no 'val' split. Add a 'val' split or remove them."
             )
+    if ckpt is not None and not any(isinstance(s, Last) for s in ckpt.keep) and not ckpt.best_only:
+        warnings.warn(
+            f"keep={ckpt} has no Last, so an epoch is written only when a selector keeps it: the "
+            "state training ends in is saved only if one does, resume='auto' continues from the "
+            "latest kept epoch, and a crash loses every epoch since. Add Last(1) to keep the "
+            f"latest: Checkpointer(keep=({', '.join(map(str, ckpt.keep))}, Last(1))).",
+            NitroWarning,
+            stacklevel=4,
+        )
     if ckpt is not None and ckpt.best_only:
         warnings.warn(
             f"keep={ckpt} writes an epoch only when it enters the top {ckpt.k}: the state "

@@ -116,7 +116,7 @@ def pick_best(
 
 def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry]) -> Resolved:
     given = Path(source.path)
-    if given.name.endswith(TMP_SUFFIX) or ".safetensors.stale" in given.name:
+    if given.name.endswith(TMP_SUFFIX) or not given.name.endswith(".safetensors"):
         raise ConfigError(
             f"{source.path!r} is a partial file left by an interrupted write, never a checkpoint. "
             "Name a committed record instead (read_manifest lists them), e.g. 'latest => latest'."

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import heapq
 import math
+import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from nitro_core.manifest import ManifestEntry
 
 Mode = Literal["min", "max"]
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.+\-]+")  # metric names and prefixes land in file names
 Scope = Literal["run", "dir"]
 
 
@@ -193,6 +195,11 @@ class Checkpointer:
             )
         if self.mode not in (None, "min", "max"):
             raise ConfigError(f"Checkpointer(mode={self.mode!r}): mode is 'min' or 'max'.")
+        if self.name is not None and not NAME_PATTERN.fullmatch(self.name):
+            raise ConfigError(
+                f"Checkpointer(name={self.name!r}): a file-name prefix takes letters, digits and "
+                "'_', '.', '+', '-' only (no path separators); write e.g. Checkpointer(name='model')."
+            )
         if self.scope not in ("run", "dir"):
             raise ConfigError(f"Checkpointer(scope={self.scope!r}): scope is 'run' or 'dir'.")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,7 +27,7 @@ class EarlyStopping:
             raise ConfigError(
                 f"EarlyStopping(patience={self.patience!r}): write a positive integer, e.g. patience=5."
             )
-        if not self.min_delta >= 0:
+        if not _number(self.min_delta) or not self.min_delta >= 0:
             raise ConfigError(f"EarlyStopping(min_delta={self.min_delta!r}): write a number >= 0.")
 
 
@@ -68,10 +67,16 @@ class Plateau:
     min_lr: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.factor < 1.0:
+        if not _number(self.factor) or not 0.0 < self.factor < 1.0:
             raise ConfigError(
                 f"Plateau(factor={self.factor!r}): factor must lie in (0, 1); write factor=0.1."
             )
+        for field in ("patience", "cooldown"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(
+                    f"Plateau({field}={value!r}): write a non-negative integer, e.g. {field}=5."
+                )
 
     def build(self, optimizer: torch.optim.Optimizer, mode: Literal["min", "max"]) -> Any:
         return torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -85,5 +90,5 @@ class Plateau:
         )
 
 
-def is_finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from filelock import FileLock
 
-from nitro_core.errors import CheckpointCorrupt, RecordError
+from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, RecordError
 
 META_KEY = "nitro"
 MANIFEST_NAME = "manifest.json"
@@ -117,7 +117,7 @@ def reserve(path: Path) -> Reservation | None:
                 return None
             moved.append(set_aside(leftover, ".stale"))
     fd = os.open(tmp_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # blocking: only an in_flight() probe can hold it, briefly
     return Reservation(path=path, fd=fd, set_aside=moved)
 
 
@@ -317,14 +317,19 @@ class _HashingReader:
 @contextmanager
 def _reader(path: Path) -> Iterator[_HashingReader]:
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointCorrupt(
-            f"Checkpoint file {str(path)!r} is missing; it was listed but is not on disk."
-        )
+    _must_exist(path)
     with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(max_workers=1) as hasher:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         yield _HashingReader(path, f, hasher)
+
+
+def _must_exist(path: Path) -> None:
+    if not path.is_file():
+        raise CheckpointMissing(
+            f"Checkpoint file {str(path)!r} is not on disk (deleted, or evicted by retention since "
+            "it was named); read_manifest lists the records a run directory holds now."
+        )
 
 
 def prefetch(path: Path) -> None:
@@ -397,6 +402,7 @@ def stream_chunks(
 def read_header(path: Path) -> dict[str, Any]:
     """The ``nitro`` metadata of a record, reading only the header bytes."""
     path = Path(path)
+    _must_exist(path)
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
@@ -418,8 +424,6 @@ def read_header(path: Path) -> dict[str, Any]:
             raise ValueError(
                 f"the header describes {8 + n + data_end} bytes, the file holds {size}"
             )
-    except FileNotFoundError:
-        raise
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointCorrupt(
             f"Checkpoint {str(path)!r} is not a readable Nitro record ({exc}); it may be "

@@ -108,3 +108,14 @@ def warn_partial_files(run_dir: Path) -> None:
                 NitroWarning,
                 stacklevel=3,
             )
+
+
+def check_seed(seed: Any) -> int:
+    """The seed to use (0 by default), refusing what the generators cannot take."""
+    if seed is None:
+        return 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(
+            f"seed={seed!r} is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."
+        )
+    return seed

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nitro_core.jobs.files import JobKind, JobState
+from nitro_core.jobs.files import JobKind, JobState, Phase
 from nitro_core.manifest import ManifestEntry
 
 
@@ -41,7 +41,7 @@ class JobStatusResult(_Model):
     job_id: str
     kind: JobKind
     state: JobState
-    phase: str
+    phase: Phase
     experiment: str | None
     run_dir: str
     run_id: str | None
@@ -49,7 +49,7 @@ class JobStatusResult(_Model):
     max_epochs: int | None
     step: int
     last_loss: float | None
-    last_val: dict[str, float]
+    last_val: dict[str, float | None]
     kept: list[KeptCheckpoint] = Field(
         description="The run's checkpoints from its manifest (at most 20, newest last)."
     )
@@ -66,7 +66,7 @@ class ValidateResult(_Model):
 
     job_id: str
     state: JobState
-    metrics: dict[str, float] | None
+    metrics: dict[str, float | None] | None
     split: str
     checkpoint: str | None
     averaged_from: dict[str, Any] | None
@@ -81,7 +81,7 @@ class AverageResult(_Model):
     state: JobState
     averaged_from: dict[str, Any] | None
     saved: str | None
-    metrics: dict[str, float] | None
+    metrics: dict[str, float | None] | None
     error: str | None
     next: str
 
@@ -106,7 +106,7 @@ class JobsPage(_Model):
 class StopResult(_Model):
     job_id: str
     state: JobState
-    phase: str
+    phase: Phase
     next: str
 
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import anyio
+import pydantic
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
@@ -59,6 +61,12 @@ def _tool_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise ToolError(str(exc)) from exc
 
     return wrapper
+
+
+async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a blocking gate call (file reads, a worker launch) on a worker thread, so that
+    long-polls and other clients are not held up."""
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args))
 
 
 def _progress(ctx: Context | None) -> Any:
@@ -117,7 +125,8 @@ def build_server(
         overrides: Overrides = None,
         device: Annotated[str, Field(description="'auto', 'cpu' or 'cuda:0'.")] = "auto",
     ) -> models.JobHandle:
-        return gate.train(
+        return await _off_loop(
+            gate.train,
             experiment,
             run_dir,
             resume,
@@ -207,7 +216,7 @@ def build_server(
         limit: Annotated[int, Field(description="Jobs per page, 1 to 100.")] = 20,
         cursor: Annotated[str | None, Field(description="next_cursor of the previous page.")] = None,
     ) -> models.JobsPage:  # fmt: skip
-        return gate.list_jobs(state, limit, cursor)
+        return await _off_loop(gate.list_jobs, state, limit, cursor)
 
     @server.tool(description="Stop a job. Graceful by default: the epoch finishes, validates and checkpoints "
                  "(stop_reason 'requested'). force=true kills it now; the run stays resumable with resume='auto'.")  # fmt: skip
@@ -218,7 +227,7 @@ def build_server(
             bool, Field(description="Kill at once instead of stopping after the epoch.")
         ] = False,
     ) -> models.StopResult:
-        return gate.stop(job_id, force)
+        return await _off_loop(gate.stop, job_id, force)
 
     @server.tool(description="The runs a run directory holds: each run's checkpoints, epochs, best score, "
                  "latest file and stop reason. Name one in a source as '<run> => best'.")  # fmt: skip
@@ -226,7 +235,7 @@ def build_server(
     async def nitro_runs(
         run_dir: Annotated[str, Field(description="A run directory inside the root.")],
     ) -> models.RunsResult:
-        return gate.runs(run_dir)
+        return await _off_loop(gate.runs, run_dir)
 
     @server.tool(description="The manifest of a run directory: one entry per kept checkpoint (file, epoch, "
                  "step, score, metric, mode, stop_reason, run, parent, written, bytes, sha256). Paginated.")  # fmt: skip
@@ -238,7 +247,7 @@ def build_server(
             str | None, Field(description="next_cursor of the previous page.")
         ] = None,
     ) -> models.ManifestPage:
-        return gate.manifest_page(run_dir, limit, cursor)
+        return await _off_loop(gate.manifest_page, run_dir, limit, cursor)
 
     @server.tool(description="A checkpoint's header without loading its tensors: epoch, step, seed, run, config, "
                  "metrics, stop_reason, averaged_from and a layout summary.")  # fmt: skip
@@ -246,12 +255,41 @@ def build_server(
     async def nitro_checkpoint_info(
         path: Annotated[str, Field(description="A .safetensors record inside the root.")],
     ) -> models.CheckpointInfoResult:
-        return gate.checkpoint_info(path)
+        return await _off_loop(gate.checkpoint_info, path)
 
     @server.tool(description="The registered experiments: name, description, config fields with types, "
                  "defaults and Host marks (Host fields may change on resume), data splits and monitor.")  # fmt: skip
     @_tool_errors
     async def nitro_experiments() -> models.ExperimentsResult:
-        return gate.experiments()
+        return await _off_loop(gate.experiments)
 
+    _forbid_unknown_arguments(server)
     return server
+
+
+def _forbid_unknown_arguments(server: MCPServer) -> None:
+    """Make a misspelled argument an error instead of a silently ignored one: the SDK's
+    argument models ignore extra keys, so each tool's model is replaced by a subclass that
+    forbids them (and says so in its schema)."""
+    for tool in server._tool_manager.list_tools():  # no public hook for this in mcp 2.3
+        base = tool.fn_metadata.arg_model
+        names = [info.alias or field for field, info in base.model_fields.items()]  # as sent
+
+        def check(cls: Any, data: Any, names: list[str] = names, tool: str = tool.name) -> Any:
+            if isinstance(data, dict):
+                unknown = sorted(set(data) - set(names))
+                if unknown:
+                    raise ValueError(
+                        f"unknown argument {unknown[0]!r}; {tool} takes: {', '.join(names)}"
+                    )
+            return data
+
+        strict = pydantic.create_model(
+            base.__name__,
+            __base__=base,
+            __validators__={"_known": pydantic.model_validator(mode="before")(classmethod(check))},
+        )
+        strict.model_config["extra"] = "forbid"
+        strict.model_rebuild(force=True)
+        tool.fn_metadata.arg_model = strict
+        tool.parameters = strict.model_json_schema(by_alias=True)

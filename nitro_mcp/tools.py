@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from nitro_core import manifest
+from nitro_core.averaging import check_keep_holds
 from nitro_core.errors import ConfigError, NitroError
 from nitro_core.experiment import Experiment, host_fields
 from nitro_core.info import checkpoint_info
@@ -26,7 +27,8 @@ from nitro_core.options import check_options
 from nitro_core.registry import load_registry, lookup
 from nitro_core.resolve import resolve
 from nitro_core.resume import latest_point, resume_from_source
-from nitro_core.sources import PathSource, Source
+from nitro_core.sources import Average, PathSource, Source
+from nitro_core.wiring import check_seed
 from nitro_mcp import models
 from nitro_mcp.paths import inside_root, shown
 
@@ -60,13 +62,22 @@ class Gate:
     def _run_dir(self, run_dir: str | None, experiment: str) -> Path:
         return inside_root(self.root, run_dir or f"runs/{experiment.rsplit('.', 1)[-1]}", "run_dir")
 
+    def _rooted(self, source: Source, run_dir: Path, keyword: str) -> Source:
+        """A path source made absolute the way the worker (whose working directory is the
+        root) will resolve it: relative to the root, else to run_dir; inside the root only."""
+        if not isinstance(source, PathSource):
+            return source
+        candidates = [
+            inside_root(self.root, str(base / source.path), keyword)
+            for base in (self.root, run_dir)
+        ]
+        found = next((p for p in candidates if p.is_file()), candidates[0])
+        return PathSource(str(found))
+
     def _check_source(self, source: Source, run_dir: Path, keyword: str) -> None:
         """Resolve a source against the manifest now, so a call that can never succeed is
-        answered at once; paths must lie inside the root."""
-        if isinstance(source, PathSource):  # as the resolver looks: from the root, then run_dir
-            for base in (self.root, run_dir):
-                inside_root(self.root, str(base / source.path), keyword)
-        resolve(source, run_dir, manifest.read_manifest(run_dir))
+        answered at once."""
+        resolve(self._rooted(source, run_dir, keyword), run_dir, manifest.read_manifest(run_dir))
 
     # -- nitro_train ------------------------------------------------------------------------------
     def train(
@@ -80,13 +91,14 @@ class Gate:
         if opts.resume == "auto" and entries:
             latest_point(entries, where).check_config(exp)
         elif opts.resume is not None and opts.resume != "auto":
-            if isinstance(opts.resume, PathSource):
-                self._check_source(opts.resume, where, "resume")
-            point = resume_from_source(opts.resume, where, entries)
+            point = resume_from_source(self._rooted(opts.resume, where, "resume"), where, entries)
             point.check_resumable()
             point.check_config(exp)
         if opts.weights is not None:
             self._check_source(opts.weights, where, "weights")
+        if isinstance(opts.restore_best, Average):
+            check_keep_holds(exp.checkpointer(), opts.restore_best, where)
+        check_seed(seed)
         _check_device(device)
         status = self.jobs.submit(
             kind="train", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
@@ -105,6 +117,23 @@ class Gate:
         self, experiment: str, run_dir: str | None, weights: str, split: str, load_ema: bool,
         overrides: dict[str, Any] | None, wait_s: float, progress: Progress | None,
     ) -> models.ValidateResult:  # fmt: skip
+        status = await anyio.to_thread.run_sync(
+            lambda: self._submit_validate(
+                experiment, run_dir, weights, split, load_ema, overrides, wait_s
+            )
+        )
+        status = await self._wait(status.job_id, wait_s, progress)
+        result = status.result or {}
+        return models.ValidateResult(
+            job_id=status.job_id, state=status.state, metrics=result.get("metrics"), split=split,
+            checkpoint=shown(self.root, result.get("checkpoint")), averaged_from=result.get("averaged_from"),
+            error=status.error, next=_next(status),
+        )  # fmt: skip
+
+    def _submit_validate(
+        self, experiment: str, run_dir: str | None, weights: str, split: str, load_ema: bool,
+        overrides: dict[str, Any] | None, wait_s: float,
+    ) -> JobStatus:  # fmt: skip
         self._experiment(experiment, overrides)
         where = self._run_dir(run_dir, experiment)
         _check_wait(wait_s, 60)
@@ -115,16 +144,9 @@ class Gate:
             raise ConfigError(
                 f"split={split!r} is not a split of {experiment}; it has {', '.join(splits)}."
             )
-        status = self.jobs.submit(
+        return self.jobs.submit(
             kind="validate", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
             run_dir=str(where), weights=weights, split=split, load_ema=load_ema,
-        )  # fmt: skip
-        status = await self._wait(status.job_id, wait_s, progress)
-        result = status.result or {}
-        return models.ValidateResult(
-            job_id=status.job_id, state=status.state, metrics=result.get("metrics"), split=split,
-            checkpoint=shown(self.root, result.get("checkpoint")), averaged_from=result.get("averaged_from"),
-            error=status.error, next=_next(status),
         )  # fmt: skip
 
     # -- average -----------------------------------------------------------------------------------
@@ -132,6 +154,20 @@ class Gate:
         self, run_dir: str, source: str, save: str | None, experiment: str | None, validate: bool,
         wait_s: float, progress: Progress | None,
     ) -> models.AverageResult:  # fmt: skip
+        status = await anyio.to_thread.run_sync(
+            lambda: self._submit_average(run_dir, source, save, experiment, validate, wait_s)
+        )
+        status = await self._wait(status.job_id, wait_s, progress)
+        result = status.result or {}
+        return models.AverageResult(
+            job_id=status.job_id, state=status.state, averaged_from=result.get("averaged_from"),
+            saved=shown(self.root, result.get("saved")), metrics=result.get("metrics"), error=status.error,
+            next=_next(status),
+        )  # fmt: skip
+
+    def _submit_average(
+        self, run_dir: str, source: str, save: str | None, experiment: str | None, validate: bool, wait_s: float
+    ) -> JobStatus:  # fmt: skip
         where = inside_root(self.root, run_dir, "run_dir")
         _check_wait(wait_s, 60)
         from nitro_core.sources import Average, Pair, to_source
@@ -144,6 +180,10 @@ class Gate:
         saved = None
         if save is not None:
             saved = inside_root(self.root, save, "save")
+            if saved.suffix != ".safetensors":
+                raise ConfigError(
+                    f"save={save!r} must name a .safetensors file, e.g. 'runs/Classifier/avg10.safetensors'."
+                )
             if saved.exists():
                 raise ConfigError(
                     f"save={save!r} already exists; Nitro never overwrites it. Choose a new name."
@@ -155,16 +195,9 @@ class Gate:
                     "validate=True needs experiment=..., the experiment whose model the average is loaded into."
                 )
             self._experiment(experiment, None)
-        status = self.jobs.submit(
+        return self.jobs.submit(
             kind="average", experiment=experiment, experiment_modules=self.modules, run_dir=str(where),
             source=source, save=str(saved) if saved else None, validate_average=validate,
-        )  # fmt: skip
-        status = await self._wait(status.job_id, wait_s, progress)
-        result = status.result or {}
-        return models.AverageResult(
-            job_id=status.job_id, state=status.state, averaged_from=result.get("averaged_from"),
-            saved=shown(self.root, result.get("saved")), metrics=result.get("metrics"), error=status.error,
-            next=_next(status),
         )  # fmt: skip
 
     # -- nitro_status, nitro_jobs, nitro_stop ---------------------------------------------------------
@@ -407,7 +440,7 @@ def _page(cursor: str | None, limit: int, most: int) -> tuple[int, int]:
         raise ConfigError(f"limit={limit!r} is out of range; give 1 to {most}.")
     if cursor is None:
         return 0, limit
-    if not cursor.isdigit():
+    if not (cursor.isascii() and cursor.isdigit()):
         raise ConfigError(
             f"cursor={cursor!r} is not a cursor; pass the next_cursor of the previous page."
         )
@@ -425,7 +458,7 @@ def _next(status: JobStatus) -> str:
 
 
 def _progress_text(status: JobStatus) -> str:
-    val = ", ".join(f"{k}={v:.4g}" for k, v in status.last_val.items())
+    val = ", ".join(f"{k}={v:.4g}" for k, v in status.last_val.items() if v is not None)
     return f"{status.state}/{status.phase}: epoch {status.epoch}/{status.max_epochs or '?'} step {status.step} {val}".strip()
 
 

@@ -15,6 +15,10 @@ from nitro_core import store
 
 JobKind = Literal["train", "validate", "average"]
 JobState = Literal["queued", "running", "succeeded", "failed", "stopped", "lost"]
+Phase = Literal[
+    "queued", "launching", "starting", "setup", "loading", "training", "validating", "averaging",
+    "done", "failed", "cancelled", "killed", "lost",
+]  # fmt: skip
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "lost"})
 
 
@@ -52,7 +56,7 @@ class JobStatus(BaseModel):
     job_id: str
     kind: JobKind
     state: JobState
-    phase: str = "queued"
+    phase: Phase = "queued"
     pid: int | None = None
     pid_start: str | None = None
     run_dir: str
@@ -61,7 +65,7 @@ class JobStatus(BaseModel):
     max_epochs: int | None = None
     step: int = 0
     last_loss: float | None = None
-    last_val: dict[str, float] = Field(default_factory=dict)
+    last_val: dict[str, float | None] = Field(default_factory=dict)  # NaN/inf are stored as null
     error: str | None = None
     hint: str | None = None
     result: dict[str, Any] | None = None

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from nitro_core.jobs.files import (
     read_status,
     write_json,
 )
-from nitro_core.jobs.status import update_status
+from nitro_core.jobs.status import update_status, update_status_if
 from nitro_core.manifest import now_iso
 
 
@@ -75,10 +76,18 @@ class JobManager:
 
     def _launch(self, job_id: str) -> None:
         directory = job_dir(self.root, job_id)
+        if (
+            update_status_if(
+                directory, {"queued"}, state="running", phase="launching", started=now_iso()
+            )
+            is None
+        ):
+            return  # another server claimed it, or it was stopped meanwhile
         log = open(directory / "log.txt", "ab")  # noqa: SIM115 - handed to the child
         try:
             child = subprocess.Popen(
-                [sys.executable, "-m", "nitro_core.jobs.worker", str(directory)],
+                # -P: the root (cwd) is not put on sys.path, so files there cannot shadow modules
+                [sys.executable, "-P", "-m", "nitro_core.jobs.worker", str(directory)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -132,8 +141,8 @@ class JobManager:
         """Reap a finished child; mark a running job whose worker vanished as lost."""
         child = self._children.get(status.job_id)
         if child is not None and child.poll() is not None:
-            del self._children[status.job_id]
-        if status.state != "running" or alive(status.pid, status.pid_start):
+            self._children.pop(status.job_id, None)
+        if status.state != "running" or alive(status.pid, status.pid_start) or _launching(status):
             return status
         directory = job_dir(self.root, status.job_id)
         status = read_status(directory)  # the worker may have written its end just now
@@ -166,8 +175,15 @@ class JobManager:
                 "nitro_status shows its result."
             )
         if status.state == "queued":
-            append_event(directory, {"time": now_iso(), "event": "stopped"})
-            return update_status(directory, state="stopped", phase="cancelled", ended=now_iso())
+            cancelled = update_status_if(
+                directory, {"queued"}, state="stopped", phase="cancelled", ended=now_iso()
+            )
+            if cancelled is not None:
+                append_event(directory, {"time": now_iso(), "event": "stopped"})
+                return cancelled
+            status = read_status(directory)  # launched meanwhile: stop the worker instead
+        if status.pid is None:  # launching: the worker checks this flag when it starts
+            return update_status(directory, stop_requested=True)
         sig = signal.SIGKILL if force else signal.SIGTERM
         try:
             os.killpg(status.pid, sig) if force else os.kill(status.pid, sig)
@@ -186,3 +202,11 @@ class JobManager:
                 hint="Killed at once; resume the run with nitro_train(resume='auto').",
             )
         return update_status(directory, stop_requested=True)
+
+
+def _launching(status: JobStatus) -> bool:
+    """Claimed by a server that has not recorded the worker's pid yet (a moment, normally)."""
+    if status.pid is not None or status.phase != "launching" or status.started is None:
+        return False
+    started = datetime.fromisoformat(status.started.replace("Z", "+00:00"))
+    return (datetime.now(UTC) - started).total_seconds() < 30

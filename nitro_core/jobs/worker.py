@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nitro_core.jobs.files import JobSpec, append_event, process_start, read_spec
-from nitro_core.jobs.status import update_status
+from nitro_core.jobs.status import update_status, update_status_if
 from nitro_core.manifest import now_iso
 
 log = logging.getLogger("nitro.worker")
@@ -29,14 +29,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop.handle)
-    update_status(
+    me = update_status_if(
         directory,
-        state="running",
+        {"running"},
         phase="starting",
         pid=os.getpid(),
         pid_start=process_start(os.getpid()),
-        started=now_iso(),
     )
+    if me is None or me.stop_requested:  # stopped (or declared lost) before it could start
+        if me is not None:
+            update_status(directory, state="stopped", phase="cancelled", ended=now_iso())
+        return 0
     append_event(directory, {"time": now_iso(), "event": "started"})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -58,11 +61,11 @@ def main(argv: list[str] | None = None) -> int:
                 error=str(exc) if known else f"{type(exc).__name__}: {exc}",
                 hint=_hint(exc, spec),
                 ended=now_iso(),
-                result={"warnings": [str(w.message) for w in caught]},
+                result={"warnings": _warnings(caught)},
             )
             append_event(directory, {"time": now_iso(), "event": "failed", "error": str(exc)})
             return 1
-    result["warnings"] = [str(w.message) for w in caught][:20]
+    result["warnings"] = _warnings(caught)
     update_status(directory, state=state, phase="done", result=result, ended=now_iso())
     append_event(directory, {"time": now_iso(), "event": state})
     return 0
@@ -110,7 +113,7 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
             n = Nitro(
                 _experiment(spec),
                 run_dir=spec.run_dir,
-                weights=str(saved) if saved else spec.source,
+                weights=saved if saved else spec.source,
                 device=spec.device,
             )
             result["metrics"] = n.evaluate(spec.split)
@@ -191,10 +194,17 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
         "epoch": n.epoch,
         "step": n.step,
         "final_val": n.history[-1]["val"] if n.history else {},
-        "kept": [e["file"] for e in kept],
+        "kept": [e["file"] for e in kept][-20:],  # responses stay bounded; nitro_manifest pages
+        "kept_total": len(kept),
         "checkpoint_source": str(n.checkpoint_source) if n.checkpoint_source else None,
     }
     return result, "stopped" if n.stop_reason == "requested" else "succeeded"
+
+
+def _warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """At most 20 distinct warnings of at most 500 characters each."""
+    texts = list(dict.fromkeys(str(w.message) for w in caught))[:20]
+    return [t if len(t) <= 500 else t[:497] + "..." for t in texts]
 
 
 def _hint(exc: Exception, spec: JobSpec) -> str:

@@ -173,12 +173,12 @@ def test_the_run_must_still_hold_what_is_asked_for(run):
         average_checkpoints(d, "latest => Average(Last(10))")
     assert str(exc.value) == (
         f"Cannot average 'latest => Average(Last(10))' in {str(d)!r}: run {n.run_id} kept epochs "
-        f"{kept}, and Last(10) needs the last 10 epochs. Keep them while training: "
-        "Checkpointer(keep=(Best(3), Last(10)))."
+        f"{kept} under keep=(Best(3), Last(5)), and Last(10) needs the last 10 epochs. Keep them "
+        "while training: Checkpointer(keep=(Best(3), Last(5), Last(10)))."
     )
     with pytest.raises(
         CheckpointNotFound,
-        match=r"and Epochs\(\[2, 9\]\) needs epochs 9\. Keep them while training: Checkpointer\(keep=\(Best\(3\), Epochs\(\[2, 9\]\)\)\)",
+        match=r"and Epochs\(\[2, 9\]\) needs epochs 9\. Keep them while training: Checkpointer\(keep=\(Best\(3\), Last\(5\), Epochs\(\[2, 9\]\)\)\)",
     ):
         average_checkpoints(d, "latest => Average(Epochs([2, 9]))")
     assert average_checkpoints(d, "latest => Average(Epochs(3:5))").averaged_from["epochs"] == [

@@ -21,6 +21,7 @@ FIELDS = {
     "run",
     "parent",
     "written",
+    "keep",
     "bytes",
     "sha256",
 }

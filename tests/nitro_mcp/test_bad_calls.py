@@ -67,6 +67,17 @@ BAD_CALLS = [
     ("nitro_runs", {"run_dir": "/"}, None),
     ("nitro_manifest", {"run_dir": "runs/none"}, "run_dir='runs/none' does not exist under the server's root"),
     ("nitro_checkpoint_info", {"path": "/etc/passwd"}, None),
+    ("nitro_train", {"experiment": "Regression", "resum": "auto"},
+     "1 validation error for nitro_trainArguments\n  Value error, unknown argument 'resum'; nitro_train takes: experiment, "
+     "run_dir, resume, weights, restore_best, restore_optimizer, strict, seed, overrides, device"),
+    ("nitro_train", {"experiment": "Regression", "seed": 2**80},
+     "seed=1208925819614629174706176 is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."),
+    ("nitro_train", {"experiment": "Classifier", "restore_best": "Average(Last(10))"},
+     "restore_best=Average(Last(10)) needs records that keep=(Best(3), Last(3)) does not hold at the end of training. "
+     "Keep them: Checkpointer(keep=(Best(3), Last(3), Last(10)))."),
+    ("average", {"run_dir": "runs/none", "save": "runs/avg"},
+     "save='runs/avg' must name a .safetensors file, e.g. 'runs/Classifier/avg10.safetensors'."),
+    ("nitro_jobs", {"cursor": "²"}, "cursor='²' is not a cursor; pass the next_cursor of the previous page."),
     ("nitro_checkpoint_info", {"path": "runs/none.safetensors"}, "path='runs/none.safetensors' is not a file under the server's root"),
 ]  # fmt: skip
 

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import anyio
 import pytest
@@ -290,6 +291,46 @@ def test_stopping_a_job_before_training_starts_reports_stopped(tmp_path):
             err, again = await call(client, "nitro_stop", job_id=job["job_id"])
             assert err and again.endswith(
                 f"Job {job['job_id']} already ended (stopped); there is nothing to stop. nitro_status shows its result."
+            )
+
+    anyio.run(main)
+
+
+def test_two_servers_over_one_root_launch_a_queued_job_once(tmp_path):
+    from nitro_core.jobs import JobManager
+
+    first, second = JobManager(tmp_path, max_jobs=0), JobManager(tmp_path, max_jobs=0)
+    job = first.submit(
+        kind="train", experiment="Regression", run_dir=str(tmp_path / "runs/r"), overrides=FAST
+    )
+    assert job.state == "queued"
+    first.max_jobs = second.max_jobs = 1
+    first._launch(job.job_id)
+    second._launch(job.job_id)  # lost the claim: must not start a second worker
+    events = (tmp_path / ".nitro/jobs" / job.job_id / "events.jsonl").read_text()
+    assert len(first._children) == 1 and len(second._children) == 0
+    deadline = time.monotonic() + 120
+    while first.status(job.job_id).state == "running" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.status(job.job_id).state == "succeeded" and events.count("queued") == 1
+
+
+def test_a_nan_validation_metric_is_reported_not_fatal(tmp_path, monkeypatch):
+    repo = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", repo)  # the worker imports the operator's module by name
+
+    async def main():
+        async with Client(
+            build_server(tmp_path, experiment_modules=("tests.nitro_mcp.nan_experiment",))
+        ) as client:
+            err, job = await call(
+                client, "nitro_train", experiment="NanMetric", overrides={"max_epochs": 2}
+            )
+            assert not err, job
+            status = await wait_done(client, job["job_id"])
+            assert status["state"] == "succeeded", status
+            assert status["last_val"]["spread"] is None and isinstance(
+                status["last_val"]["loss"], float
             )
 
     anyio.run(main)
