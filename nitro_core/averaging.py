@@ -174,7 +174,7 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
 
         for name, shape, first, piece in store.stream_chunks(run_dir / e.file, e.sha256, want):
             seen.add(name)
-            if name in targets and (piece.is_floating_point() or piece.is_complex()):
+            if name in targets and piece.is_floating_point():
                 _accumulate(sums, dtypes, scratch, name, shape, first, piece)
             elif is_state:  # counters and layer state, never averaged
                 whole = kept.setdefault(name, torch.empty(shape, dtype=piece.dtype))
@@ -213,7 +213,7 @@ def _accumulate(
 ) -> None:
     """``sums[name][first:first+len(piece)] += piece`` in float64, converting through one
     reused scratch buffer so that no temporary is allocated per piece."""
-    wide = torch.complex128 if piece.is_complex() else torch.float64
+    wide = torch.float64
     if name not in sums:
         sums[name] = torch.zeros(shape, dtype=wide)
         dtypes[name] = piece.dtype

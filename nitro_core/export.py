@@ -10,7 +10,7 @@ import torch
 
 from nitro_core import manifest, store
 from nitro_core.errors import ConfigError
-from nitro_core.records import FORMAT_VERSION, framework_version, to_host
+from nitro_core.records import FORMAT_VERSION, framework_version, to_host, weights_tensors
 
 if TYPE_CHECKING:
     from nitro_core.averaging import Averaged
@@ -34,13 +34,7 @@ def write_averaged(result: Averaged, path: Path) -> None:
     """An ordinary record (params/, buffers/, ema/) holding an average, outside any manifest.
     It carries no optimizer state, so it loads with ``weights=`` and refuses ``resume=``."""
     refuse_existing(path, "save=")
-    layout = result.meta["layout"]
-    tensors: dict[str, torch.Tensor] = {}
-    for kind in ("params", "buffers"):
-        for key, _, _ in layout[kind]:
-            tensors[f"{kind}/{key}"] = to_host(result.state[key])
-            if result.ema is not None:
-                tensors[f"ema/{key}"] = to_host(result.ema[key])
+    tensors = weights_tensors(result.state, result.ema, result.meta["layout"])
     meta = dict(result.meta)
     meta.update(  # weights only: no optimizer, schedule, RNG or history to resume from
         optimizer=None,
@@ -99,8 +93,8 @@ def _from_source(
     source: Any, run_dir: str | Path | None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     from nitro_core.averaging import average
-    from nitro_core.records import Record
     from nitro_core.resolve import resolve
+    from nitro_core.restore import read
     from nitro_core.sources import Average, Pair, PathSource, to_source
 
     src = to_source(source, "source")
@@ -117,10 +111,8 @@ def _from_source(
         result = average(resolved, run_dir)
         meta, state, averaged_from = result.meta, result.state, result.averaged_from
     else:
-        tensors, meta = store.read_record(
-            resolved.path, resolved.entry.sha256 if resolved.entry else None
-        )
-        state = Record(meta=meta, tensors=tensors).model_state()
+        record = read(resolved)
+        meta, state = record.meta, record.model_state()
         averaged_from = meta.get("averaged_from")
     return state, {
         "source_file": str(resolved.path),

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from nitro_core import manifest, ranking, records, rng, wiring
+from nitro_core import manifest, ranking, records, rng, store, wiring
 from nitro_core.anchor import W0Anchor
 from nitro_core.checkpointing import CheckpointWriter
 from nitro_core.ema import EMA, EMATracker
-from nitro_core.errors import ConfigError, NitroWarning
+from nitro_core.errors import ConfigError, NitroWarning, TrainingRefused
 from nitro_core.experiment import Experiment, check_required_hooks, config_of, host_fields
 from nitro_core.loop import StepHooks, evaluate, train_epoch
 from nitro_core.manifest import StopReason
@@ -181,48 +181,68 @@ class Nitro:
         ``on_epoch(row)`` is called after each epoch has been validated, logged and
         checkpointed, with its history row."""
         self._best.refuse_training()
-        exp = self.experiment
         hooks = StepHooks(self.scheduler, self.ema, self.anchor, self._progress)
-        self._stop.clear()
-        previous = wiring.install_sigint(self.request_stop)
-        try:
-            while self.epoch < exp.max_epochs:
-                epoch = self.epoch + 1
-                started = time.monotonic()
-                # optimizer steps over the train split
-                train_loss, self.step = train_epoch(
-                    exp, self.model, self.optimizer, self.data["train"], self.device, hooks, epoch, self.step
-                )  # fmt: skip
-                self.epoch = epoch
-                # validate, then check what is watched
-                metrics = self._evaluate_split("val") if self.ranking.has_val else {}
-                if metrics:
-                    ranking.check_metrics(type(exp).__name__, metrics, self.ranking, epoch)
-                self.stop_reason = self._decide_stop(metrics)
-                # log, then checkpoint (the record holds the logger's offset after this row)
-                row = {
-                    "epoch": epoch,
-                    "step": self.step,
-                    "train_loss": train_loss,
-                    "lr": self.optimizer.param_groups[0]["lr"],
-                    "val": metrics,
-                    "seconds": round(time.monotonic() - started, 4),
-                }
-                self.history.append(row)
-                self.logger.log({"run": self.run_id, **row})
-                if self._writer is not None:
-                    score = metrics.get(self.ranking.pair[0]) if self.ranking.pair[0] else None
-                    self._writer.save(epoch, self.step, score, self.stop_reason, self._snapshot)
-                self._progress.epoch_end(wiring.summary(row))
-                if on_epoch is not None:
-                    on_epoch(row)
-                if self.stop_reason is not None:
-                    break
-        finally:
-            wiring.restore_sigint(previous)
-            self.logger.close()  # reopened on the next row, if this handle trains again
+        with store.run_lock(self.run_dir, self.run_id) as mine:
+            if not mine:
+                raise TrainingRefused(
+                    f"Run {self.run_id} in {str(self.run_dir)!r} is being trained by another process "
+                    "right now; two processes continuing one run would overwrite each other's "
+                    "records. Wait for it to end, or start a separate run (resume='false', or "
+                    "another run_dir)."
+                )
+            self._stop.clear()
+            previous = wiring.install_sigint(self.request_stop)
+            try:
+                while self.epoch < self.experiment.max_epochs:
+                    row = self._epoch(hooks)
+                    if on_epoch is not None:
+                        on_epoch(row)
+                    if self.stop_reason is not None:
+                        break
+            finally:
+                wiring.restore_sigint(previous)
+                self.logger.close()  # reopened on the next row, if this handle trains again
         self._best.apply()
         return self
+
+    def _epoch(self, hooks: StepHooks) -> dict[str, Any]:
+        """One epoch: train, validate, decide whether to stop, log, checkpoint."""
+        exp = self.experiment
+        epoch = self.epoch + 1
+        started = time.monotonic()
+        # optimizer steps over the train split
+        train_loss, self.step = train_epoch(
+            exp,
+            self.model,
+            self.optimizer,
+            self.data["train"],
+            self.device,
+            hooks,
+            epoch,
+            self.step,
+        )
+        self.epoch = epoch
+        # validate, then check what is watched (a missing or NaN monitor raises here)
+        metrics = self._evaluate_split("val") if self.ranking.has_val else {}
+        if metrics:
+            ranking.check_metrics(type(exp).__name__, metrics, self.ranking, epoch)
+        self.stop_reason = self._decide_stop(metrics)
+        # log, then checkpoint (the record holds the logger's offset after this row)
+        row = {
+            "epoch": epoch,
+            "step": self.step,
+            "train_loss": train_loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "val": metrics,
+            "seconds": round(time.monotonic() - started, 4),
+        }
+        self.history.append(row)
+        self.logger.log({"run": self.run_id, **row})
+        if self._writer is not None:
+            score = metrics.get(self.ranking.pair[0]) if self.ranking.pair[0] else None
+            self._writer.save(epoch, self.step, score, self.stop_reason, self._snapshot)
+        self._progress.epoch_end(wiring.summary(row))
+        return row
 
     def close(self) -> None:
         """Release the logger's file (``train()`` does this when it returns)."""

@@ -133,6 +133,22 @@ def state_dict_from(
     return out
 
 
+def weights_tensors(
+    state: Mapping[str, torch.Tensor],
+    ema: Mapping[str, torch.Tensor] | None,
+    layout: Mapping[str, Any],
+) -> dict[str, torch.Tensor]:
+    """A weights-only record's tensors (``params/``, ``buffers/``, and ``ema/`` when given)
+    from state dicts, under ``layout`` (tied aliases stored once)."""
+    out: dict[str, torch.Tensor] = {}
+    for kind in ("params", "buffers"):
+        for key, _, _ in layout[kind]:
+            out[f"{kind}/{key}"] = to_host(state[key])
+            if ema is not None:
+                out[f"ema/{key}"] = to_host(ema[key])
+    return out
+
+
 # -- the whole record --------------------------------------------------------------------------
 @dataclass
 class Snapshot:

@@ -32,10 +32,6 @@ class Resolved:
     entry: ManifestEntry | None
     picked: tuple[ManifestEntry, ...] = ()
 
-    @property
-    def run(self) -> str | None:
-        return self.entry.run if self.entry else None
-
 
 def resolve(
     source: Source, run_dir: Path, entries: list[ManifestEntry], pair: ScorePair | None = None

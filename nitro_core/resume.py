@@ -19,7 +19,7 @@ from nitro_core.experiment import Experiment, config_diff
 from nitro_core.manifest import ManifestEntry
 from nitro_core.records import Record
 from nitro_core.resolve import resolve
-from nitro_core.sources import Average, Pair, Source, to_source
+from nitro_core.sources import Average, Pair, Source
 
 
 @dataclass
@@ -109,27 +109,6 @@ class ResumePoint:
     def load(self) -> Record:
         tensors, meta = store.read_record(self.path, self.entry.sha256 if self.entry else None)
         return Record(meta=meta, tensors=tensors)
-
-
-def resolve_resume(resume: Any, run_dir: Path) -> ResumePoint | None:
-    """The record ``resume`` names in ``run_dir``, or None for a fresh run."""
-    if resume is False or resume is None or resume == "false":
-        return None
-    if resume is True:
-        raise ConfigError(
-            "resume=True is ambiguous; write resume='auto' (the latest record) or a source."
-        )
-    entries = manifest.read_manifest(run_dir)
-    if resume == "auto":
-        if not entries:
-            warnings.warn(
-                f"resume='auto' found nothing to resume in {str(run_dir)!r}; starting a fresh run.",
-                NitroWarning,
-                stacklevel=3,
-            )
-            return None
-        return latest_point(entries, run_dir)
-    return resume_from_source(to_source(resume, "resume"), run_dir, entries)
 
 
 def resume_from_source(source: Source, run_dir: Path, entries: list[ManifestEntry]) -> ResumePoint:

@@ -454,6 +454,23 @@ def manifest_lock(directory: Path) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def run_lock(directory: Path, run: str) -> Iterator[bool]:
+    """Hold the run's training lock (``.run-<id>.lock``) for the block; yields False, holding
+    nothing, when another live process holds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / f".run-{run}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
 def load_manifest_bytes(directory: Path) -> bytes | None:
     """The manifest's bytes, or None when the directory has none."""
     try:

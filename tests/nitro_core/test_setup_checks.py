@@ -120,3 +120,19 @@ def test_a_moved_aside_partial_file_is_never_a_source(tmp_path):
     stale.write_bytes(b"partial")
     with pytest.raises(ConfigError, match="is a partial file left by an interrupted write"):
         Nitro(KeepLast(), run_dir=tmp_path, weights=stale)
+
+
+def test_one_run_is_trained_by_one_process_at_a_time(tmp_path):
+    from nitro_core import TrainingRefused, store
+
+    first = Nitro(KeepLast(max_epochs=2), run_dir=tmp_path).train()
+    second = Nitro(KeepLast(max_epochs=3), run_dir=tmp_path, resume="auto")
+    assert second.run_id == first.run_id
+    with store.run_lock(tmp_path, first.run_id) as mine:  # as if another process were training it
+        assert mine
+        with pytest.raises(
+            TrainingRefused,
+            match=rf"Run {first.run_id} in .* is being trained by another process right now",
+        ):
+            second.train()
+    assert second.train().epoch == 3
