@@ -151,9 +151,16 @@ def _tokenize(text: str) -> list[_Tok]:
 
 
 # -- the parser ----------------------------------------------------------------------------------
+_PAIR_HINT = (
+    "Write a pair such as 'latest => best' or 'latest => Average(Last(10))', or a path ending "
+    "in .safetensors."
+)
+
+
 class _Parser:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, hint: str = _PAIR_HINT) -> None:
         self.text = text
+        self.hint = hint
         self.tokens = _tokenize(text)
         self.i = 0
 
@@ -166,8 +173,7 @@ class _Parser:
         found = "the end of the text" if tok.kind == "end" else repr(tok.text)
         return SourceSyntaxError(
             f"Cannot parse source {self.text!r}: at position {tok.pos} found {found}, expected "
-            f"{expected}. Write a pair such as 'latest => best' or 'latest => Average(Last(10))', "
-            "or a path ending in .safetensors."
+            f"{expected}. {self.hint}"
         )
 
     def take(self, kind: str, text: str | None = None, expected: str | None = None) -> _Tok:
@@ -318,7 +324,9 @@ def parse_average(text: str) -> Average:
         raise SourceSyntaxError(
             f"Average is {len(text)} characters long; the limit is {MAX_LENGTH}."
         )
-    parser = _Parser(text)
+    parser = _Parser(
+        text, "Write restore_best as true, false or an average such as 'Average(Last(10))'."
+    )
     if not parser.at("name", "Average"):
         raise SourceSyntaxError(
             f"Cannot parse {text!r}: at position {parser.tok.pos} expected true, false or "

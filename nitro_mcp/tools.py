@@ -270,7 +270,7 @@ class Gate:
                 models.RunSummary(
                     run=run,
                     checkpoints=len(mine),
-                    epochs=[e.epoch for e in mine],
+                    epochs=[e.epoch for e in mine][-100:],  # bounded: nitro_manifest pages the rest
                     metric=mine[-1].metric,
                     mode=mine[-1].mode,
                     best_score=best,

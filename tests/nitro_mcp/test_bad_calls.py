@@ -40,7 +40,8 @@ BAD_CALLS = [
      "Cannot parse source \"__import__('os').system('x')\": at position 10 found '(', expected '=>'. Write a pair such "
      "as 'latest => best' or 'latest => Average(Last(10))', or a path ending in .safetensors."),
     ("nitro_train", {"experiment": "Regression", "restore_best": "Average(Last(0))"},
-     "Cannot parse source 'Average(Last(0))': at position 13 found '0', expected a positive integer up to 1000000000."),
+     "Cannot parse source 'Average(Last(0))': at position 13 found '0', expected a positive integer up to 1000000000. "
+     "Write restore_best as true, false or an average such as 'Average(Last(10))'."),
     ("nitro_train", {"experiment": "Regression", "restore_optimizer": True},
      "restore_optimizer=True needs weights=...: it takes the optimizer state of the checkpoint weights= names. Write "
      "Nitro(exp, weights='latest => best', restore_optimizer=True), or resume='latest => latest' to continue exactly."),
