@@ -21,7 +21,7 @@ from nitro_core import manifest, store
 from nitro_core.errors import CheckpointCorrupt, CheckpointNotFound, ConfigError, NitroWarning
 from nitro_core.manifest import ManifestEntry
 from nitro_core.records import state_dict_from
-from nitro_core.resolve import Resolved
+from nitro_core.resolve import Resolved, ranking_pair
 from nitro_core.retention import Pair as ScorePair
 from nitro_core.selectors import Best, Checkpointer, Epochs, Every, Last, Selector, pick, ranked
 from nitro_core.sources import Average, Pair, RunRef, Source, to_source
@@ -42,9 +42,7 @@ def resolve_average(
     Refuses when the run no longer holds everything the selector asks for."""
     avg = source.pick
     assert isinstance(avg, Average)
-    if pair is None or pair[0] is None:
-        scored = [e for e in pool if e.score is not None]
-        pair = scored[-1].pair if scored else (None, None)
+    pair = ranking_pair(pool, pair)
     rankable = [e for e in pool if e.pair == pair]
     picked = _pick(avg.selector, pool, rankable, pair)
     missing = _missing(avg.selector, pool, rankable, pair)

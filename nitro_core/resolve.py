@@ -82,8 +82,7 @@ def pick_best(
 ) -> ManifestEntry:
     """The best entry of ``pool`` under ``pair``, warning when other pairs are mixed in."""
     scored = [e for e in pool if e.score is not None]
-    if pair is None or pair[0] is None:
-        pair = scored[-1].pair if scored else (None, None)
+    pair = ranking_pair(pool, pair)
     mine = [e for e in scored if e.pair == pair]
     runs = ", ".join(dict.fromkeys(e.run for e in pool))
     if not mine:
@@ -108,6 +107,15 @@ def pick_best(
             stacklevel=4,
         )
     return ranked(mine, pair[1], 1)[0]
+
+
+def ranking_pair(pool: list[ManifestEntry], pair: ScorePair | None) -> ScorePair:
+    """``pair`` when it names a metric, else the pair of the pool's latest scored entry (what
+    a caller without an experiment, like ``average_checkpoints``, ranks by)."""
+    if pair is not None and pair[0] is not None:
+        return pair
+    scored = [e for e in pool if e.score is not None]
+    return scored[-1].pair if scored else (None, None)
 
 
 def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry]) -> Resolved:
