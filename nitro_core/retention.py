@@ -63,6 +63,22 @@ def keep_reasons(
     return reasons
 
 
+def explain(entries: Sequence[ManifestEntry], run: str) -> dict[str, tuple[str, ...]]:
+    """Why each of ``run``'s entries is kept, from the keep its latest entry recorded
+    (empty when the run recorded none)."""
+    from nitro_core.sources import parse_keep
+
+    mine = [e for e in entries if e.run == run]
+    if not mine or mine[-1].keep is None:
+        return {}
+    pair = mine[-1].pair
+    ckpt = Checkpointer(keep=parse_keep(mine[-1].keep))
+    return {
+        f: tuple(r)
+        for f, r in keep_reasons([e for e in mine if e.pair == pair], ckpt, pair).items()
+    }
+
+
 def would_keep(
     entries: Sequence[ManifestEntry],
     candidate: ManifestEntry,

@@ -337,6 +337,20 @@ def parse_average(text: str) -> Average:
     return average
 
 
+def parse_keep(text: str) -> tuple[Selector, ...]:
+    """The selectors of a recorded keep, e.g. ``"(Best(3), Last(1))"`` (the manifest's
+    ``keep`` field), parsed with the same whitelist grammar."""
+    parser = _Parser(text, "A keep reads like '(Best(3), Last(1))'.")
+    parser.take("punct", "(")
+    selectors = [parser.selector()]
+    while parser.at("punct", ","):
+        parser.i += 1
+        selectors.append(parser.selector())
+    parser.take("punct", ")", expected="',' or ')'")
+    parser.take("end", expected="the end of the keep")
+    return tuple(selectors)
+
+
 def to_source(value: object, keyword: str = "source") -> Source:
     """A source from any accepted Python form: a string, a path, or a (run, pick) tuple."""
     if isinstance(value, Pair | PathSource):

@@ -200,8 +200,11 @@ def _runs(args: argparse.Namespace) -> int:
     entries = read_manifest(run_dir)
     if not entries:
         print(f"{run_dir}: no checkpoints")
+    from nitro_core.retention import explain
+
     for run in dict.fromkeys(e.run for e in entries):
         mine = [e for e in entries if e.run == run]
+        why = explain(entries, run)
         parent = f", branched from {mine[0].parent}" if mine[0].parent else ""
         print(f"run {run}: {len(mine)} checkpoint(s){parent}")
         for e in mine:
@@ -210,6 +213,8 @@ def _runs(args: argparse.Namespace) -> int:
             print(
                 f"  epoch {e.epoch:>4}  step {e.step:>6}  {score:<24} {e.bytes:>10} B  {e.file}{stop}"
             )
+            if why.get(e.file):
+                print(f"      kept by {'; '.join(why[e.file])}")
     return 0
 
 

@@ -90,6 +90,12 @@ async def run_demo(root: Path, epochs: int) -> int:
                 weights=avg["saved"],
             )
         await call("nitro_runs", run_dir="runs/Classifier")
+        final = (
+            await client.call_tool("nitro_status", {"job_id": job["job_id"]})
+        ).structured_content
+        print(f"\nRun {final['run_id']} keeps, and why:")
+        for kept in final["kept"]:
+            print(f"  {kept['file']}  <- {'; '.join(kept['kept_by']) or '-'}")
     print(
         "\nDone. The job, its run and its checkpoints stay on disk: `nitro runs runs/Classifier`."
     )

@@ -28,6 +28,9 @@ class JobHandle(_Model):
 
 class KeptCheckpoint(_Model):
     file: str
+    kept_by: list[str] = Field(
+        description="The selectors that keep it, e.g. 'Best(3): #1 by acc (max)'."
+    )
     epoch: int
     step: int
     score: float | None

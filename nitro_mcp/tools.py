@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from nitro_core import manifest
+from nitro_core import manifest, retention
 from nitro_core.averaging import check_keep_holds
 from nitro_core.errors import ConfigError, NitroError
 from nitro_core.experiment import Experiment, host_fields
@@ -394,18 +394,19 @@ class Gate:
         spec = self.jobs.spec(status.job_id)
         kept = []
         if status.run_id:
+            entries = manifest.read_manifest(Path(status.run_dir))
+            why = retention.explain(entries, status.run_id)
             kept = [
                 models.KeptCheckpoint(
                     file=e.file,
+                    kept_by=list(why.get(e.file, ())),
                     epoch=e.epoch,
                     step=e.step,
                     score=e.score,
                     metric=e.metric,
                     stop_reason=e.stop_reason,
-                )
-                for e in manifest.run_entries(
-                    manifest.read_manifest(Path(status.run_dir)), status.run_id
-                )
+                )  # fmt: skip
+                for e in manifest.run_entries(entries, status.run_id)
             ][-20:]
         return models.JobStatusResult(
             job_id=status.job_id, kind=status.kind, state=status.state, phase=status.phase, experiment=spec.experiment,

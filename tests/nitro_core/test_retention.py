@@ -58,3 +58,19 @@ def test_entries_under_another_metric_are_never_ranked_or_deleted():
     assert keep_reasons(new, Checkpointer(keep=Best(1)), LOSS) == {
         "e4-r1.safetensors": ["Best(1): #1 by loss (min)"]
     }
+
+
+def test_explain_reads_the_recorded_keep_back_with_the_grammar(tmp_path):
+    from nitro_core import Nitro, read_manifest
+    from nitro_core.examples import Classifier
+    from nitro_core.retention import explain
+    from nitro_core.sources import parse_keep
+
+    assert parse_keep("(Best(3), Last(1))") == (Best(3), Last(1))
+    assert parse_keep("(Every(2))") == (Every(2),)
+    n = Nitro(Classifier(max_epochs=4, samples=256), run_dir=tmp_path).train()
+    entries = read_manifest(tmp_path)
+    why = explain(entries, n.run_id)
+    assert set(why) == {e.file for e in entries}
+    assert all(reasons for reasons in why.values())
+    assert "Last(3)" in why[entries[-1].file]
