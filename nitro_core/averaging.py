@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nitro_core import manifest, store
+from nitro_core import manifest, selection, store
 from nitro_core.errors import CheckpointCorrupt, CheckpointNotFound, ConfigError, NitroWarning
-from nitro_core.manifest import ManifestEntry
+from nitro_core.manifest import ManifestEntry, Point
 from nitro_core.records import state_dict_from
 from nitro_core.resolve import Resolved, ranking_pair
 from nitro_core.retention import Pair as ScorePair
-from nitro_core.selectors import Best, Checkpointer, Epochs, Every, Last, Selector, pick, ranked
+from nitro_core.selectors import Best, Checkpointer, Selector, ranked
 from nitro_core.sources import Average, Pair, RunRef, Source, to_source
 
 if TYPE_CHECKING:
@@ -35,27 +35,19 @@ def resolve_average(
     source: Pair,
     run_dir: Path,
     pool: list[ManifestEntry],
-    entries: list[ManifestEntry],
+    points: list[Point],
     pair: ScorePair | None,
 ) -> Resolved:
-    """The entries ``source``'s Average picks from one run's ``pool``, and its state record.
-    Refuses when the run no longer holds everything the selector asks for."""
+    """The entries ``source``'s Average names in one run (``pool``: its entries, ``points``:
+    its history), and its state record. Refuses, listing what the run kept and the keep
+    that would have held them, when the run no longer holds every point named."""
     avg = source.pick
     assert isinstance(avg, Average)
     pair = ranking_pair(pool, pair)
-    rankable = [e for e in pool if e.pair == pair]
-    picked = _pick(avg.selector, pool, rankable, pair)
-    missing = _missing(avg.selector, pool, rankable, pair)
-    if missing or not picked:
-        kept = ", ".join(str(e.epoch) for e in pool) or "none"
-        recorded = pool[-1].keep  # the run's own keep, as its latest entry recorded it
-        under = f" under keep={recorded}" if recorded else ""
-        base = recorded[1:-1] if recorded else "Best(3)"  # '(Best(3), Last(1))' -> its selectors
-        raise CheckpointNotFound(
-            f"Cannot average {str(source)!r} in {str(run_dir)!r}: run {pool[0].run} kept epochs "
-            f"{kept}{under}, and {avg.selector} needs {missing or 'at least one scored epoch'}. "
-            f"Keep them while training: Checkpointer(keep=({base}, {_keep_for(avg.selector)}))."
-        )
+    chosen = selection.select(avg.selector, selection.history(points, pool), pool, pair)
+    if chosen.shortfall or chosen.gone or not chosen.picked:
+        raise CheckpointNotFound(_refusal(source, run_dir, pool, chosen))
+    picked = list(chosen.picked)
     if avg.state == "best" or (avg.state is None and isinstance(avg.selector, Best)):
         best = ranked([e for e in picked if e.pair == pair], pair[1])
         state = best[0] if best else picked[-1]
@@ -64,38 +56,28 @@ def resolve_average(
     return Resolved(source, run_dir / state.file, state, picked=tuple(picked))
 
 
-def _pick(
-    sel: Selector, pool: list[ManifestEntry], rankable: list[ManifestEntry], pair: ScorePair
-) -> list[ManifestEntry]:
-    if isinstance(sel, Best):
-        among = (
-            rankable
-            if sel.among is None
-            else [e for e in _pick(sel.among, pool, rankable, pair) if e.pair == pair]
-        )
-        return pick(Best(sel.k), among, pair[1])
-    return pick(sel, pool, pair[1])
-
-
-def _missing(
-    sel: Selector, pool: list[ManifestEntry], rankable: list[ManifestEntry], pair: ScorePair
+def _refusal(
+    source: Pair, run_dir: Path, pool: list[ManifestEntry], chosen: selection.Selection
 ) -> str:
-    """What ``sel`` asks for that ``pool`` does not hold ('' when it holds it all)."""
-    have = {e.epoch for e in pool}
-    last = max(have, default=0)
-    if isinstance(sel, Last):
-        return "" if len(pool) >= sel.k else f"the last {sel.k} epochs"
-    if isinstance(sel, Every):
-        want = set(range(sel.n, last + 1, sel.n))
-    elif isinstance(sel, Epochs):
-        want = set(sel.epochs)
-    else:
-        if sel.among is not None and (inner := _missing(sel.among, pool, rankable, pair)):
-            return inner
-        scored = len([e for e in _pick(sel, pool, rankable, pair)])
-        return "" if scored >= sel.k else f"{sel.k} epochs scored by {pair[0]} ({pair[1]})"
-    gone = sorted(want - have)
-    return f"epochs {', '.join(map(str, gone))}" if gone else ""
+    avg = source.pick
+    assert isinstance(avg, Average)
+    head = f"Cannot average {str(source)!r} in {str(run_dir)!r}: "
+    kept = selection.describe_epochs([e.epoch for e in pool])
+    if chosen.shortfall:
+        return head + (
+            f"{chosen.shortfall} (run {pool[0].run} holds epochs {kept}). Average fewer points, "
+            "or train the run further."
+        )
+    recorded = pool[-1].keep  # the run's own keep, as its latest entry recorded it
+    under = f" under keep={recorded}" if recorded else ""
+    base = recorded[1:-1] if recorded else "Best(3), Last(1)"  # '(Best(3), Last(1))' -> selectors
+    named = selection.describe_epochs([p.epoch for p in chosen.named])
+    gone = selection.describe_epochs([p.epoch for p in chosen.gone])
+    return head + (
+        f"{avg.selector} names epochs {named} of run {pool[0].run}, which kept epochs {kept}"
+        f"{under}; it no longer holds {gone}. Keep them while training: "
+        f"Checkpointer(keep=({base}, {_keep_for(avg.selector)}))."
+    )
 
 
 def _keep_for(sel: Selector) -> str:
@@ -104,29 +86,16 @@ def _keep_for(sel: Selector) -> str:
     return str(sel)
 
 
-def check_keep_holds(ckpt: Checkpointer | None, avg: Average, run_dir: Path) -> None:
-    """Setup refusal for ``restore_best=Average(...)``: the keep must be able to hold it."""
-    sel = avg.selector
+def check_keep_holds(ckpt: Checkpointer | None, avg: Average, max_epochs: int) -> None:
+    """Setup refusal for ``restore_best=Average(...)``: refuse only a keep that cannot hold,
+    at the end of a ``max_epochs`` run, everything the selector will name."""
     keep = ckpt.keep if ckpt is not None else ()
-    if isinstance(sel, Best) and sel.among is not None:
-        sel = sel.among
-    holds = {
-        Last: lambda: any(isinstance(s, Last) and s.k >= sel.k for s in keep),
-        Best: lambda: any(isinstance(s, Best) and s.k >= sel.k for s in keep),
-        Every: lambda: any(isinstance(s, Every) and sel.n % s.n == 0 for s in keep),
-        Epochs: lambda: all(
-            any(
-                (isinstance(s, Epochs) and e in s.epochs) or (isinstance(s, Every) and e % s.n == 0)
-                for s in keep
-            )
-            for e in sel.epochs
-        ),
-    }[type(sel)]()
-    if not holds:
+    if not selection.keep_holds(keep, avg.selector, max_epochs):
         current = ", ".join(map(str, keep))
         raise ConfigError(
             f"restore_best={avg} needs records that keep=({current}) does not hold at the end of "
-            f"training. Keep them: Checkpointer(keep=({current}, {_keep_for(avg.selector)}))."
+            f"training (max_epochs={max_epochs}). Keep them: "
+            f"Checkpointer(keep=({current}, {_keep_for(avg.selector)}))."
         )
 
 
@@ -258,9 +227,11 @@ def load_average(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
     """``weights=... => Average(...)``: load the average into a new run."""
     from nitro_core.loading import load_model_state
     from nitro_core.resolve import resolve
+    from nitro_core.restore import warn_config_changed
 
     resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
     result = average(resolved, n.run_dir, load_ema=n.options.load_ema)
+    warn_config_changed(result.meta, n, repr(str(source)))
     state = result.ema if n.options.load_ema else result.state
     load_model_state(n.model, state, n.options.strict, str(source), type(n.experiment).__name__)
     if n.ema is not None:

@@ -67,8 +67,13 @@ class CheckpointWriter:
             parent=self.parent, written=manifest.now_iso(), keep=str(self.ckpt), bytes=0,
             sha256=_PLACEHOLDER_SHA,
         )  # fmt: skip
+        point = manifest.Point(epoch=epoch, step=step, score=score, metric=metric, mode=mode)
         if not retention.would_keep(entries, entry, self.ckpt, self.run, self.pair):
             log.debug("epoch %d not written: no selector of %s keeps it", epoch, self.ckpt)
+            with store.manifest_lock(self.directory):  # the point still counts for Last/Best
+                current = manifest.load(self.directory)
+                current.add_point(self.run, point)
+                manifest.save(self.directory, current)
             return None
         with store.manifest_lock(self.directory):
             reservation = self._reserve(entry.file, manifest.read_manifest(self.directory))
@@ -78,6 +83,12 @@ class CheckpointWriter:
                     f"{moved.name.removesuffix('.stale')!r} in {str(self.directory)!r} was left by an "
                     f"interrupted write and is listed by no manifest entry; moved it to "
                     f"{moved.name!r} before writing epoch {epoch}.",
+                    NitroWarning,
+                    stacklevel=4,
+                )
+            if reservation.reclaimed:  # .stale files of writers now provably dead
+                warnings.warn(
+                    store.describe_reclaimed(self.directory, reservation.reclaimed),
                     NitroWarning,
                     stacklevel=4,
                 )
@@ -97,6 +108,7 @@ class CheckpointWriter:
             with store.manifest_lock(self.directory):
                 current = manifest.load(self.directory)
                 current.entries.append(entry)
+                current.add_point(self.run, point)
                 plan = retention.plan(current.entries, self.ckpt, self.run, self.pair)
                 doomed = set(plan.delete)
                 current.entries = [e for e in current.entries if e.file not in doomed]

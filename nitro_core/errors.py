@@ -12,8 +12,11 @@ Each class also subclasses the builtin a caller would naturally catch, so
     ├── CheckpointNotFound(NitroError, LookupError)  no entry matches what was asked for
     ├── CheckpointCorrupt(NitroError, OSError)       a record's bytes are not what was written
     │   └── CheckpointMissing(CheckpointCorrupt, FileNotFoundError)  a record is not on disk
+    ├── DiskFull(NitroError, OSError)                no room left to write a record or a manifest
+    ├── UnsafePath(NitroError, PermissionError)      a path in a run directory is a link leading out
     ├── RecordError(NitroError, ValueError)          a state cannot be written as a record
-    └── TrainingRefused(NitroError, RuntimeError)    the handle cannot train from its state
+    ├── TrainingRefused(NitroError, RuntimeError)    the handle cannot train from its state
+    └── NonFiniteLoss(NitroError, FloatingPointError) the training loss became NaN or infinite
 
     NitroWarning(UserWarning)
     └── NitroDeprecationWarning(NitroWarning, FutureWarning)
@@ -23,6 +26,8 @@ The MCP layer passes the text through unchanged, so messages are part of the con
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class NitroError(Exception):
@@ -61,12 +66,29 @@ class CheckpointMissing(CheckpointCorrupt, FileNotFoundError):
     """A record file (often one the manifest lists) is not on disk."""
 
 
+class DiskFull(NitroError, OSError):
+    """The disk has no room for a write; nothing half-written was kept (``errno`` ENOSPC)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.errno = errno.ENOSPC  # code that checks errno keeps working
+
+
+class UnsafePath(NitroError, PermissionError):
+    """A file or directory Nitro keeps in a run directory is a symbolic link (or leads out of
+    the directory), so opening it could read or write elsewhere."""
+
+
 class RecordError(NitroError, ValueError):
     """A training state holds something a record cannot store (a device leaf, an object)."""
 
 
 class TrainingRefused(NitroError, RuntimeError):
     """The handle's state is not one training can continue from."""
+
+
+class NonFiniteLoss(NitroError, FloatingPointError):
+    """The training loss became NaN or infinite; the run stopped before writing anything."""
 
 
 class NitroWarning(UserWarning):

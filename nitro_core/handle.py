@@ -144,12 +144,15 @@ class Nitro:
         self._best = BestRestorer(self, self.options.restore_best)
         ranking.warn_about_directory(entries, ckpt, self.run_id, self.ranking, self.run_dir)
 
-        # load what was asked for
+        # load what was asked for; the RNG state is put back when train() starts
         logger_state = None
         if point is not None:
-            logger_state = restore_full(self, point)
-        elif self.options.weights is not None:
-            load_weights(self, self.options.weights, entries)
+            logger_state, self._start_rng = restore_full(self, point)
+        else:
+            if self.options.weights is not None:
+                load_weights(self, self.options.weights, entries)
+            self._start_rng = rng.capture()
+        # the handle touches none of the run's files until train() holds the run
         self.logger.open(
             self.run_dir, self.run_id, logger_state if point and point.continue_run else None
         )
@@ -190,6 +193,10 @@ class Nitro:
                     "records. Wait for it to end, or start a separate run (resume='false', or "
                     "another run_dir)."
                 )
+            self._refuse_stale_point()
+            if self._start_rng is not None:  # the first train() starts where setup left off
+                rng.restore(*self._start_rng)
+                self._start_rng = None
             self._stop.clear()
             previous = wiring.install_sigint(self.request_stop)
             try:
@@ -204,6 +211,25 @@ class Nitro:
                 self.logger.close()  # reopened on the next row, if this handle trains again
         self._best.apply()
         return self
+
+    def _refuse_stale_point(self) -> None:
+        """Refuse to train when the run moved on since this handle was built (another handle
+        or process trained it further): its epochs would be written twice under one id."""
+        ahead = [
+            e
+            for e in manifest.read_manifest(self.run_dir)
+            if e.run == self.run_id and e.step > self.step
+        ]
+        if ahead:
+            e = ahead[-1]
+            raise TrainingRefused(
+                f"Run {self.run_id} in {str(self.run_dir)!r} has moved on since this handle was "
+                f"built: the handle is at epoch {self.epoch} (step {self.step}), and the manifest "
+                f"now lists epoch {e.epoch} (step {e.step}, {e.file!r}) written by another handle. "
+                "Training from here would write those epochs twice under one run id. Build a new "
+                f"handle that continues from there: Nitro(..., run_dir={str(self.run_dir)!r}, "
+                f"resume='{self.run_id} => latest')."
+            )
 
     def _epoch(self, hooks: StepHooks) -> dict[str, Any]:
         """One epoch: train, validate, decide whether to stop, log, checkpoint."""
@@ -291,10 +317,12 @@ class Nitro:
                 f"{', '.join(sorted(self.data))}. Return {split!r} from build_data() or evaluate "
                 "one of those."
             )
-        return evaluate(
-            self.experiment, self.model, self.data[split], self.device, split,
-            self.ranking.custom_metrics, self.ranking.with_loss, self.experiment.finalize_metrics,
-        )  # fmt: skip
+        with rng.isolated():  # evaluation never moves the training trajectory
+            return evaluate(
+                self.experiment, self.model, self.data[split], self.device, split,
+                self.ranking.custom_metrics, self.ranking.with_loss,
+                self.experiment.finalize_metrics,
+            )  # fmt: skip
 
     # -- records --------------------------------------------------------------------------
     def _snapshot(self) -> records.Snapshot:

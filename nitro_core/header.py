@@ -60,3 +60,10 @@ class RecordHeader(BaseModel):
     optimizer_class: str
     scheduler: Any = None
     plateau: Any = None
+    tensor_digest: str | None = Field(
+        default=None,
+        pattern=r"^sha256-8MiB-blocks:[0-9a-f]{64}$",
+        description="Digest of the data section (the tensor bytes in file order): sha256 over "
+        "the sha256 of each consecutive 8 MiB block. Set by the writer, checked by every load "
+        "of a record no manifest lists; absent in records written before it existed.",
+    )

@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
+from nitro_core.safeio import confined_dir, open_nofollow
+
 
 class Logger(Protocol):
     backend: str
@@ -27,23 +29,27 @@ class JSONLLogger:
 
     def __init__(self) -> None:
         self.path: Path | None = None
+        self.run_dir: Path | None = None
         self._f: Any = None
         self._offset: int | None = None
 
     def open(self, run_dir: Path, run_id: str, state: dict[str, Any] | None) -> None:
-        """Remember where to log; the file is created by the first row (a handle that only
-        evaluates leaves no empty log), and a resume truncates what followed its record."""
-        self.path = Path(run_dir) / "logs" / f"{run_id}.jsonl"
+        """Remember where to log. Nothing is touched here: the file is created by the first
+        row (a handle that only evaluates leaves no empty log), and a resume truncates what
+        followed its record then, once training holds the run."""
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "logs" / f"{run_id}.jsonl"
         self._offset = None if state is None else state.get("offset")
-        if self._offset is not None and self.path.exists():
-            self._file()
 
     def _file(self) -> Any:
+        """The log, opened for appending; neither ``logs/`` nor the file is followed through
+        a link out of the run directory (:class:`~nitro_core.errors.UnsafePath`)."""
         if self._f is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "ab")  # noqa: SIM115 - held open for the run
+            confined_dir(self.run_dir, self.path.parent)
+            fd = open_nofollow(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self._f = os.fdopen(fd, "ab")
             if self._offset is not None:
-                self._f.truncate(min(int(self._offset), os.path.getsize(self.path)))
+                self._f.truncate(min(int(self._offset), os.fstat(fd).st_size))
                 self._f.seek(0, os.SEEK_END)
                 self._offset = None  # truncate once; a later reopen appends
         return self._f

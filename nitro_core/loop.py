@@ -14,6 +14,7 @@ import torch
 
 from nitro_core.anchor import W0Anchor
 from nitro_core.ema import EMATracker
+from nitro_core.errors import NonFiniteLoss
 from nitro_core.experiment import Experiment
 from nitro_core.progress import Progress
 
@@ -72,11 +73,15 @@ def train_epoch(
     move = device.type != "cpu"
     total = len(batches) if hasattr(batches, "__len__") else None
     loss_sum = torch.zeros((), device=device)
+    first_bad = torch.full((), -1, dtype=torch.long, device=device)  # batch of the first NaN
     n = 0
     for batch in batches:
         if move:
             batch = to_device(batch, device)
         loss = exp.loss(model, batch)  # scalar
+        # remember the first non-finite loss on the device: no host sync per step
+        seen = torch.isfinite(loss.detach()) | (first_bad >= 0)
+        first_bad = torch.where(seen, first_bad, n)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -92,6 +97,13 @@ def train_epoch(
         step += 1
         if hooks.progress is not None:
             hooks.progress.update(epoch, exp.max_epochs, n, total)
+    if (bad := int(first_bad.item())) >= 0:
+        raise NonFiniteLoss(
+            f"The training loss became non-finite at epoch {epoch}, step {step - n + bad + 1} "
+            f"(batch {bad + 1} of the epoch): the run stopped before writing anything for epoch "
+            f"{epoch}, and the records already on disk stay. Lower the learning rate, clip "
+            "gradients or check the data, then continue from the last record with resume='auto'."
+        )
     return (loss_sum.item() / n if n else float("nan")), step
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from nitro_core import store
 from nitro_core.errors import CheckpointCorrupt
@@ -23,6 +23,15 @@ Mode = Literal["min", "max"]
 StopReason = Literal["completed", "early_stop", "requested"]
 
 
+def _finite(v: float | None) -> float | None:
+    if v is not None and not math.isfinite(v):
+        raise ValueError(f"score {v!r} is not finite; a NaN or infinite score cannot be ranked")
+    return v
+
+
+Score = Annotated[float | None, AfterValidator(_finite)]  # refused when read, as the spec says
+
+
 class ManifestEntry(BaseModel):
     """One kept record."""
 
@@ -31,7 +40,7 @@ class ManifestEntry(BaseModel):
     file: str = Field(description="Record file name, relative to the run directory.")
     epoch: int = Field(ge=0)
     step: int = Field(ge=0)
-    score: float | None = Field(description="The monitored metric at this epoch, if validated.")
+    score: Score = Field(description="The monitored metric at this epoch, if validated.")
     metric: str | None = Field(description="Name of the ranked metric, e.g. 'loss' or 'acc'.")
     mode: Mode | None
     stop_reason: StopReason | None = Field(description="Set on the record a run ended with.")
@@ -54,12 +63,22 @@ class ManifestEntry(BaseModel):
             raise ValueError(f"file {v!r} is not a bare record name in the run directory")
         return v
 
-    @field_validator("score")
-    @classmethod
-    def _finite(cls, v: float | None) -> float | None:
-        if v is not None and not math.isfinite(v):
-            raise ValueError(f"score {v!r} is not finite; a NaN or infinite score cannot be ranked")
-        return v
+    @property
+    def pair(self) -> tuple[str | None, Mode | None]:
+        return (self.metric, self.mode)
+
+
+class Point(BaseModel):
+    """One checkpoint point a run passed (an epoch end), written or not: what ``Last(k)`` and
+    ``Best(k)`` mean when a run is averaged ("the last k points", "the best k ever scored")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    epoch: int = Field(ge=0)
+    step: int = Field(ge=0)
+    score: Score = None
+    metric: str | None = None
+    mode: Mode | None = None
 
     @property
     def pair(self) -> tuple[str | None, Mode | None]:
@@ -67,12 +86,22 @@ class ManifestEntry(BaseModel):
 
 
 class Manifest(BaseModel):
-    """The whole manifest file."""
+    """The whole manifest file: the kept entries, and every run's points."""
 
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["nitro-manifest/1"] = FORMAT
     entries: list[ManifestEntry] = Field(default_factory=list)
+    points: dict[str, list[Point]] = Field(
+        default_factory=dict,
+        description="Run id -> every point the run passed, oldest first (written or not).",
+    )
+
+    def add_point(self, run: str, point: Point) -> None:
+        """Record ``point``; points of ``run`` at or past its step belong to a timeline a
+        resume replaced, and are dropped."""
+        mine = [p for p in self.points.get(run, []) if p.step < point.step]
+        self.points[run] = [*mine, point]
 
 
 _MANIFEST = TypeAdapter(Manifest)
@@ -104,6 +133,11 @@ def load(run_dir: Path) -> Manifest:
 def save(run_dir: Path, manifest: Manifest) -> None:
     """Write the manifest; the caller holds ``store.manifest_lock(run_dir)``."""
     store.save_manifest_json(run_dir, manifest.model_dump(mode="json"))
+
+
+def read_points(run_dir: str | Path) -> dict[str, list[Point]]:
+    """Run id -> the points each run passed (empty for runs written before points were kept)."""
+    return load(Path(run_dir)).points
 
 
 def runs(run_dir: str | Path) -> list[str]:

@@ -183,9 +183,15 @@ def encode(snap: Snapshot) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, meta
 
 
+def is_export(meta: Mapping[str, Any]) -> bool:
+    """Whether a header is an ``export_weights`` file's: plain state-dict keys, no layout."""
+    return meta.get("kind") == "weights" and "layout" not in meta
+
+
 @dataclass
 class Record:
-    """A record read back: its header and tensors, with accessors for each part."""
+    """A record read back: its header and tensors, with accessors for each part. An export
+    (``export_weights``) reads as a record whose model state is its tensors, by their keys."""
 
     meta: dict[str, Any]
     tensors: dict[str, torch.Tensor]
@@ -195,10 +201,12 @@ class Record:
         return self.meta["layout"]
 
     def model_state(self) -> dict[str, torch.Tensor]:
+        if is_export(self.meta):
+            return dict(self.tensors)
         return state_dict_from(self.tensors, self.layout)
 
     def ema_state(self) -> dict[str, torch.Tensor] | None:
-        if not any(k.startswith("ema/") for k in self.tensors):
+        if is_export(self.meta) or not any(k.startswith("ema/") for k in self.tensors):
             return None
         return state_dict_from(self.tensors, self.layout, prefix="ema/")
 

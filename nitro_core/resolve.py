@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nitro_core import manifest, retention
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroWarning
-from nitro_core.manifest import ManifestEntry
+from nitro_core.manifest import ManifestEntry, Point
 from nitro_core.retention import Pair as ScorePair
 from nitro_core.selectors import ranked
 from nitro_core.sources import Average, Pair, PathSource, Source
@@ -34,10 +34,15 @@ class Resolved:
 
 
 def resolve(
-    source: Source, run_dir: Path, entries: list[ManifestEntry], pair: ScorePair | None = None
+    source: Source,
+    run_dir: Path,
+    entries: list[ManifestEntry],
+    pair: ScorePair | None = None,
+    points: dict[str, list[Point]] | None = None,
 ) -> Resolved:
     """The file ``source`` names in ``run_dir``; ``pair`` is the (metric, mode) that ranks
-    ``best`` (default: the pair of the pool's latest scored entry)."""
+    ``best`` (default: the pair of the pool's latest scored entry); ``points`` are the runs'
+    histories an ``Average`` names points of (read from ``run_dir``'s manifest when None)."""
     if isinstance(source, PathSource):
         return _resolve_path(source, run_dir, entries)
     where = str(run_dir)
@@ -74,7 +79,9 @@ def resolve(
         return Resolved(source, run_dir / best.file, best)
     from nitro_core.averaging import resolve_average  # noqa: PLC0415 - averaging builds on this module
 
-    return resolve_average(source, run_dir, pool, entries, pair)
+    if points is None:
+        points = manifest.read_points(run_dir)
+    return resolve_average(source, run_dir, pool, points.get(pool[0].run, []), pair)
 
 
 def pick_best(

@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     from nitro_core.handle import Nitro
 
 
-def restore_full(n: Nitro, point: ResumePoint) -> dict[str, Any] | None:
-    """Load the full training state of ``point`` into ``n``; returns the logger state."""
+def restore_full(n: Nitro, point: ResumePoint) -> tuple[dict[str, Any] | None, rng.RngState]:
+    """Load the full training state of ``point`` into ``n``; returns the logger state and the
+    recorded RNG state, which the handle restores when ``train()`` starts (a draw between
+    construction and training must not move the resumed trajectory)."""
     _check_anchor(n, point)
     point.check_layout(records.model_layout(n.model, n.optimizer), n.logger.backend)
     rec = point.load()
@@ -45,8 +47,7 @@ def restore_full(n: Nitro, point: ResumePoint) -> dict[str, Any] | None:
     n.step, n.epoch = meta["step"], meta["epoch"]
     n.history = list(meta.get("history", []))
     n.averaged_from = meta.get("averaged_from")
-    rng.restore(meta["rng"], rec.rng_tensors())
-    return meta["logger"]["state"]
+    return meta["logger"]["state"], (meta["rng"], rec.rng_tensors())
 
 
 def _check_anchor(n: Nitro, point: ResumePoint) -> None:
@@ -87,15 +88,7 @@ def load_weights(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
         return
     resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
     rec = read(resolved)
-    diff = config_diff(rec.meta.get("config", {}), n.experiment) if rec.meta.get("config") else []
-    if diff:
-        warnings.warn(
-            f"weights from {str(resolved.path)!r} were trained under another config:\n"
-            + "\n".join(diff)
-            + "\nLoading them into the current experiment as asked.",
-            NitroWarning,
-            stacklevel=4,
-        )
+    warn_config_changed(rec.meta, n, str(resolved.path))
     state = rec.ema_state() if opts.load_ema else rec.model_state()
     if state is None:
         raise ConfigError(
@@ -106,6 +99,12 @@ def load_weights(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
     if n.ema is not None:
         n.ema.reset()
     if opts.restore_optimizer:
+        if rec.meta.get("optimizer") is None:  # an export or an average: weights only
+            raise ConfigError(
+                f"restore_optimizer=True, but {str(resolved.path)!r} holds weights only (an "
+                "export or an average), no optimizer state. Drop restore_optimizer to load its "
+                "weights with a fresh optimizer."
+            )
         recorded = rec.meta["layout"]["groups"]
         current = records.model_layout(n.model, n.optimizer)["groups"]
         if recorded != current:
@@ -118,6 +117,20 @@ def load_weights(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
         load_optimizer_fresh_schedule(n.optimizer, rec.tree("optimizer"))
     n.checkpoint_source = resolved.path
     n.averaged_from = rec.meta.get("averaged_from")
+
+
+def warn_config_changed(meta: dict[str, Any], n: Nitro, origin: str) -> None:
+    """A weights load only warns about a changed plain config (the spec): it builds the
+    model from the current experiment, so old weights under another graph are allowed."""
+    diff = config_diff(meta["config"], n.experiment) if meta.get("config") else []
+    if diff:
+        warnings.warn(
+            f"weights from {origin} were trained under another config:\n"
+            + "\n".join(diff)
+            + "\nLoading them into the current experiment as asked.",
+            NitroWarning,
+            stacklevel=5,
+        )
 
 
 class BestRestorer:
@@ -135,7 +148,7 @@ class BestRestorer:
         if isinstance(spec, Average):
             from nitro_core.averaging import check_keep_holds
 
-            check_keep_holds(n.checkpointer, spec, n.run_dir)
+            check_keep_holds(n.checkpointer, spec, n.experiment.max_epochs)
 
     def apply(self) -> None:
         if self.spec is False or self.holding is not None:

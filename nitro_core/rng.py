@@ -5,6 +5,8 @@ Python's ``random``, NumPy's global generator, torch's CPU generator and each CU
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device, lazily
 
 
-def capture() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+RngState = tuple[dict[str, Any], dict[str, torch.Tensor]]  # (JSON part, tensor part)
+
+
+def capture() -> RngState:
     """(JSON state of Python and NumPy, tensors of torch's generators)."""
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -44,3 +49,14 @@ def restore(json_state: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Non
     if cuda and torch.cuda.is_available():
         for i, state in cuda[: torch.cuda.device_count()]:
             torch.cuda.set_rng_state(state, i)
+
+
+@contextmanager
+def isolated() -> Iterator[None]:
+    """Run the block without moving any generator: evaluation draws nothing from the
+    training trajectory."""
+    json_state, tensors = capture()
+    try:
+        yield
+    finally:
+        restore(json_state, tensors)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import math
 import re
 import warnings
@@ -27,9 +28,23 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.+\-]+")  # metric names and prefixes lan
 Scope = Literal["run", "dir"]
 
 
-def _positive(kind: str, name: str, value: object) -> None:
+MAX_EPOCHS = 1_000_000  # the largest epoch number a selector names (what a run can hold)
+MAX_COUNT = 100_000  # the most records a selector counts (Best k, Last k, an Epochs set)
+
+
+def _positive(kind: str, name: str, value: object, limit: int = MAX_COUNT) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{kind}({value!r}): {name} must be a positive integer; write {kind}(3).")
+    if value > limit:
+        raise ConfigError(
+            f"{kind}({value}): {name} is at most {limit} ({_LIMIT_REASON[limit]}); write {kind}(3)."
+        )
+
+
+_LIMIT_REASON = {
+    MAX_COUNT: "the most records a selector picks",
+    MAX_EPOCHS: "a run holds at most that many epochs",
+}
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,7 @@ class Every:
     n: int
 
     def __post_init__(self) -> None:
-        _positive("Every", "n", self.n)
+        _positive("Every", "n", self.n, MAX_EPOCHS)
 
     def __str__(self) -> str:
         return f"Every({self.n})"
@@ -79,33 +94,73 @@ class Every:
 
 @dataclass(frozen=True, init=False)
 class Epochs:
-    """Specific epochs: ``Epochs(5)``, ``Epochs(range(3, 8))`` or ``Epochs([2, 4, 6])``."""
+    """Specific epochs: ``Epochs(5)``, ``Epochs(range(3, 8))`` or ``Epochs([2, 4, 6])``.
 
-    epochs: tuple[int, ...]
+    ``epochs`` holds them sorted, as a ``range`` when they are consecutive (stored by its
+    ends, never expanded) and a tuple otherwise; ``epoch in selector`` tests membership
+    without building a set. At most ``MAX_COUNT`` epochs, each from 1 to ``MAX_EPOCHS``.
+    """
+
+    epochs: range | tuple[int, ...]
     text: str = field(compare=False)
+    _lookup: range | frozenset[int] = field(compare=False, repr=False)
 
     def __init__(self, spec: int | range | Iterable[int]) -> None:
-        if isinstance(spec, bool):
-            spec = [spec]  # refused below with the other non-positive values
-        if isinstance(spec, int):
-            epochs, text = (spec,), str(spec)
-        elif isinstance(spec, range) and spec.step == 1 and len(spec) > 0:
-            epochs, text = tuple(spec), f"{spec.start}:{spec.stop - 1}"
-        else:
-            epochs = tuple(spec)
-            text = "[" + ", ".join(map(str, epochs)) + "]"
-        if not epochs or any(
-            isinstance(e, bool) or not isinstance(e, int) or e < 1 for e in epochs
-        ):
-            raise ConfigError(
-                f"Epochs({spec!r}): give positive epoch numbers; write Epochs(5), "
-                "Epochs(range(3, 8)) or Epochs([2, 4, 6])."
-            )
-        object.__setattr__(self, "epochs", tuple(sorted(set(epochs))))
+        epochs, text = _epochs(spec)
+        if epochs[-1] - epochs[0] + 1 == len(epochs):
+            epochs = range(epochs[0], epochs[-1] + 1)  # consecutive: equal to the same range
+        object.__setattr__(self, "epochs", epochs)
         object.__setattr__(self, "text", text)
+        lookup = epochs if isinstance(epochs, range) else frozenset(epochs)
+        object.__setattr__(self, "_lookup", lookup)
+
+    def __contains__(self, epoch: object) -> bool:
+        return epoch in self._lookup
 
     def __str__(self) -> str:
         return f"Epochs({self.text})"
+
+
+def _epochs(spec: object) -> tuple[range | tuple[int, ...], str]:
+    """The sorted epochs ``spec`` names and their text, refusing what no run can hold."""
+    hint = "write Epochs(5), Epochs(range(3, 8)) or Epochs([2, 4, 6])."
+    if isinstance(spec, range) and spec.step == 1 and len(spec) > 0:
+        epochs: range | tuple[int, ...] = spec
+        text = f"{spec.start}:{spec.stop - 1}"
+    elif isinstance(spec, int) and not isinstance(spec, bool):
+        epochs, text = range(spec, spec + 1), str(spec)
+    else:
+        values = tuple(itertools.islice(spec, MAX_COUNT + 1)) if _iterable(spec) else (spec,)
+        if len(values) > MAX_COUNT:
+            raise ConfigError(
+                f"Epochs(...) names more than {MAX_COUNT} epochs; a selector picks at most "
+                f"{MAX_COUNT} records. Write a range, e.g. Epochs(range(1, {MAX_COUNT + 1}))."
+            )
+        if not values or any(isinstance(e, bool) or not isinstance(e, int) for e in values):
+            raise ConfigError(f"Epochs({_short(repr(spec))}): give positive epoch numbers; {hint}")
+        epochs = tuple(sorted(set(values)))
+        text = "[" + ", ".join(map(str, values)) + "]"
+    if not epochs or epochs[0] < 1:
+        raise ConfigError(f"Epochs({_short(repr(spec))}): give positive epoch numbers; {hint}")
+    if epochs[-1] > MAX_EPOCHS:
+        raise ConfigError(
+            f"Epochs({_short(text)}) names epoch {epochs[-1]}; a run holds at most {MAX_EPOCHS} "
+            f"epochs. Name epochs from 1 to {MAX_EPOCHS}; {hint}"
+        )
+    if len(epochs) > MAX_COUNT:
+        raise ConfigError(
+            f"Epochs({_short(text)}) names {len(epochs)} epochs; a selector picks at most {MAX_COUNT} "
+            f"records. Name fewer, e.g. Epochs({epochs[0]}:{epochs[0] + MAX_COUNT - 1})."
+        )
+    return epochs, text
+
+
+def _iterable(value: object) -> bool:
+    return isinstance(value, Iterable) and not isinstance(value, str | bytes)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 Selector = Union[Best, Last, Every, Epochs]  # noqa: UP007 - used at runtime by isinstance
@@ -125,8 +180,7 @@ def pick(
     if isinstance(selector, Every):
         return [e for e in entries if e.epoch % selector.n == 0]
     if isinstance(selector, Epochs):
-        wanted = set(selector.epochs)
-        return [e for e in entries if e.epoch in wanted]
+        return [e for e in entries if e.epoch in selector]
     pool = entries if selector.among is None else pick(selector.among, entries, mode)
     chosen = set(map(id, ranked(pool, mode, selector.k)))
     return [e for e in entries if id(e) in chosen]

@@ -18,6 +18,12 @@ leading colon (``:latest``), and a text of more than ``MAX_LENGTH`` characters i
     run_id    = letters, digits, "_" and "-", not a keyword
     quoted_string = '"' { any character but '"' } '"'  (or single quotes)
 
+Every count is bounded by what a run can hold, so parsing any accepted text is linear in
+its length and its result is small: an epoch number (``Epochs``' values and range ends,
+``Every``'s period) is at most ``MAX_EPOCHS``, a count (``Best``/``Last``'s k, the epochs
+of a range) at most ``MAX_COUNT``, and ``among=`` nests at most ``MAX_DEPTH`` deep. A
+range is kept by its ends, never expanded.
+
 One tokenizer, one function per rule, frozen dataclasses out, and a
 :class:`~nitro_core.errors.SourceSyntaxError` naming the position, what was found and what
 was expected.
@@ -31,10 +37,13 @@ from pathlib import Path
 from typing import Literal
 
 from nitro_core.errors import ConfigError, SourceSyntaxError
-from nitro_core.selectors import Best, Epochs, Every, Last, Selector
+from nitro_core.selectors import MAX_COUNT, MAX_EPOCHS, Best, Epochs, Every, Last, Selector
 
 MAX_LENGTH = 512
-MAX_INT = 10**9
+MAX_DEPTH = 32  # how deep Best(k; among=...) may nest
+_EPOCH = f"an epoch number from 1 to {MAX_EPOCHS} (a run holds at most {MAX_EPOCHS} epochs)"
+_COUNT = f"a positive integer up to {MAX_COUNT} (the most records a selector picks)"
+_PERIOD = f"a period from 1 to {MAX_EPOCHS} epochs"
 PATH_SUFFIX = ".safetensors"
 _KEYWORDS = {
     "latest",
@@ -158,9 +167,10 @@ _PAIR_HINT = (
 
 
 class _Parser:
-    def __init__(self, text: str, hint: str = _PAIR_HINT) -> None:
+    def __init__(self, text: str, hint: str = _PAIR_HINT, noun: str = "source") -> None:
         self.text = text
         self.hint = hint
+        self.noun = noun
         self.tokens = _tokenize(text)
         self.i = 0
 
@@ -168,11 +178,12 @@ class _Parser:
     def tok(self) -> _Tok:
         return self.tokens[self.i]
 
-    def fail(self, expected: str) -> SourceSyntaxError:
-        tok = self.tok
-        found = "the end of the text" if tok.kind == "end" else repr(tok.text)
+    def fail(self, expected: str, tok: _Tok | None = None) -> SourceSyntaxError:
+        tok = tok or self.tok
+        shown = tok.text if len(tok.text) <= 40 else tok.text[:37] + "..."
+        found = "the end of the text" if tok.kind == "end" else repr(shown)
         return SourceSyntaxError(
-            f"Cannot parse source {self.text!r}: at position {tok.pos} found {found}, expected "
+            f"Cannot parse {self.noun} {self.text!r}: at position {tok.pos} found {found}, expected "
             f"{expected}. {self.hint}"
         )
 
@@ -241,52 +252,66 @@ class _Parser:
         return Average(selector, state)  # type: ignore[arg-type]
 
     # selector = Best(int [;among=selector]) | Last(int) | Every(int) | Epochs(...)
-    def selector(self) -> Selector:
+    def selector(self, depth: int = 1) -> Selector:
         tok = self.tok
         if not (tok.kind == "name" and tok.text in ("Best", "Last", "Every", "Epochs")):
             raise self.fail("a selector: Best(k), Last(k), Every(n) or Epochs(...)")
+        if depth > MAX_DEPTH:
+            raise self.fail(f"a selector nested at most {MAX_DEPTH} deep in among=")
         self.i += 1
         self.take("punct", "(")
         if tok.text == "Epochs":
             value = self.epochs()
+        elif tok.text == "Every":
+            value = Every(self.int(MAX_EPOCHS, _PERIOD))
         else:
-            k = self.int(positive=True)
+            k = self.int(MAX_COUNT, _COUNT)
             if tok.text == "Best" and (self.at("punct", ",") or self.at("punct", ";")):
                 self.i += 1
                 self.take("name", "among", expected="among=")
                 self.take("punct", "=")
-                value = Best(k, among=self.selector())
+                value = Best(k, among=self.selector(depth + 1))
             else:
-                value = {"Best": Best, "Last": Last, "Every": Every}[tok.text](k)
+                value = Best(k) if tok.text == "Best" else Last(k)
         self.take("punct", ")", expected="')'")
         return value
 
-    # Epochs( int | range | vector )
+    # Epochs( int | range | vector ), kept by its ends (a range is never expanded)
     def epochs(self) -> Epochs:
         if self.at("punct", "["):
             self.i += 1
-            values = [self.int(positive=True)]
+            values = [self.int(MAX_EPOCHS, _EPOCH)]
             while self.at("punct", ","):
                 self.i += 1
-                values.append(self.int(positive=True))
+                values.append(self.int(MAX_EPOCHS, _EPOCH))
             self.take("punct", "]", expected="',' or ']'")
             return Epochs(values)
-        first = self.int(positive=True)
+        first = self.int(MAX_EPOCHS, _EPOCH)
         if self.at("punct", ":"):
             self.i += 1
-            last = self.int(positive=True)
+            end = self.tok
+            last = self.int(MAX_EPOCHS, _EPOCH)
             if last < first:
-                raise self.fail(f"a range whose end is at least its start {first}")
+                raise self.fail(f"a range whose end is at least its start {first}", end)
+            if last - first >= MAX_COUNT:
+                raise self.fail(
+                    f"a range of at most {MAX_COUNT} epochs, e.g. {first}:{first + MAX_COUNT - 1}",
+                    end,
+                )
             return Epochs(range(first, last + 1))
         return Epochs(first)
 
-    def int(self, positive: bool) -> int:
+    # int, from 1 to limit; its digits are counted before it is converted
+    def int(self, limit: int, expected: str) -> int:
         tok = self.tok
         if tok.kind != "int":
             raise self.fail("a positive integer")
-        value = int(tok.text)
-        if positive and not 1 <= value <= MAX_INT:
-            raise self.fail(f"a positive integer up to {MAX_INT}")
+        digits = tok.text.lstrip("0")
+        if tok.text.startswith("-") or not digits or len(digits) > len(str(limit)):
+            raise self.fail(expected)
+        value = int(digits)
+        if value > limit:
+            raise self.fail(expected)
         self.i += 1
         return value
 
@@ -339,8 +364,15 @@ def parse_average(text: str) -> Average:
 
 def parse_keep(text: str) -> tuple[Selector, ...]:
     """The selectors of a recorded keep, e.g. ``"(Best(3), Last(1))"`` (the manifest's
-    ``keep`` field), parsed with the same whitelist grammar."""
-    parser = _Parser(text, "A keep reads like '(Best(3), Last(1))'.")
+    ``keep`` field), parsed with the same whitelist grammar and the same limits."""
+    hint = "A keep reads like '(Best(3), Last(1))'."
+    if not isinstance(text, str):
+        raise SourceSyntaxError(f"A keep must be a string, got {type(text).__name__}. {hint}")
+    if len(text) > MAX_LENGTH:
+        raise SourceSyntaxError(
+            f"Keep is {len(text)} characters long; the limit is {MAX_LENGTH}. {hint}"
+        )
+    parser = _Parser(text, hint, noun="keep")
     parser.take("punct", "(")
     selectors = [parser.selector()]
     while parser.at("punct", ","):

@@ -7,12 +7,26 @@ Nitro's own data rides in the header metadata under the key ``nitro`` as JSON.
 
 Commit protocol, for records and the manifest alike: write ``<name>.tmp``, flush, fsync,
 rename over ``<name>``, fsync the directory. The manifest is only ever rewritten under an
-inter-process file lock (``.manifest.lock`` beside it).
+inter-process file lock (``.manifest.lock`` beside it). A record outside any manifest (an
+average, an export) is published with ``link``, which never replaces a file, so two writers
+of one new name cannot both succeed.
+
+Every record carries ``tensor_digest`` in its header: a digest of its data section (the
+tensor bytes, in file order; :mod:`nitro_core.digest`). A reader checks the whole file
+against the manifest's sha256 when it has one, and the data section against
+``tensor_digest`` otherwise, so a record no manifest lists is checked too. The writer
+hashes the host tensors in 8 MiB blocks on every core before it writes the header (memory
+only, no extra I/O), then streams the file once while a second thread computes the
+whole-file sha256 for the manifest.
+
+Space is checked before a commit (the record's bytes, and room to rewrite the manifest
+before the record is renamed into place), and a disk that fills anyway leaves no temporary
+file behind: the error is :class:`DiskFull`. Nothing is opened through a link planted in
+a run directory (:mod:`nitro_core.safeio`).
 """
 
 from __future__ import annotations
 
-import fcntl
 import gc
 import hashlib
 import json
@@ -21,19 +35,65 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock
 
-from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, RecordError
+from nitro_core import digest, safeio
+from nitro_core.claims import (
+    LOCK_NAME,
+    TMP_SUFFIX,
+    Reservation,
+    describe_reclaimed,
+    in_flight,
+    manifest_lock,
+    publish_new,
+    reclaim_stale,
+    remove_file,
+    reserve,
+    run_lock,
+    set_aside,
+    tmp_path,
+)
+from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, DiskFull, RecordError
+from nitro_core.safeio import fsync_dir, is_disk_full, open_nofollow
+
+# the public names; those from claims are re-exported, so callers find every one here
+__all__ = [
+    "LOCK_NAME",
+    "MANIFEST_NAME",
+    "MANIFEST_ROOM",
+    "META_KEY",
+    "Reservation",
+    "TMP_SUFFIX",
+    "commit",
+    "describe_reclaimed",
+    "file_sha256",
+    "fsync_dir",
+    "in_flight",
+    "load_manifest_bytes",
+    "manifest_lock",
+    "manifest_room",
+    "paused_gc",
+    "prefetch",
+    "read_header",
+    "read_record",
+    "reclaim_stale",
+    "remove_file",
+    "reserve",
+    "run_lock",
+    "save_manifest_json",
+    "set_aside",
+    "stream_chunks",
+    "stream_record",
+    "tmp_path",
+    "write_record",
+]
 
 META_KEY = "nitro"
 MANIFEST_NAME = "manifest.json"
-LOCK_NAME = ".manifest.lock"
-TMP_SUFFIX = ".tmp"
+MANIFEST_ROOM = 64 * 1024  # free bytes kept beyond the manifest's size before a record commits
 _MAX_HEADER = 100 * 1024 * 1024
 _CHUNK = 8 * 1024 * 1024
 _PIECE = 4 * 1024 * 1024  # streamed reads: a few of these are all a reader holds
@@ -61,89 +121,50 @@ _FROM_CODE = {code: dtype for dtype, code in _DTYPES.items()}
 
 
 # -- the commit protocol ------------------------------------------------------------------
-def fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def tmp_path(path: Path) -> Path:
-    return path.with_name(path.name + TMP_SUFFIX)
-
-
-def commit(write: Callable[[Any], Any], path: Path) -> Any:
-    """Run ``write(file)`` into ``<path>.tmp``, then fsync, rename and fsync the directory."""
+def commit(
+    write: Callable[[Any], Any], path: Path, disk_full: Callable[[int], DiskFull] | None = None
+) -> Any:
+    """Run ``write(file)`` into ``<path>.tmp``, then fsync, rename and fsync the directory.
+    The ``.tmp`` is never followed through a link, and is removed when anything fails; a
+    full disk raises ``disk_full(free bytes)`` (by default a :class:`DiskFull` naming
+    ``path``)."""
     tmp = tmp_path(path)
-    with open(tmp, "wb") as f:
-        result = write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            result = write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        remove_file(tmp)
+        if is_disk_full(exc):
+            free = safeio.free_bytes(path.parent)
+            raise (disk_full or _kept_as_it_was(path))(free) from None
+        raise
     fsync_dir(path.parent)
     return result
 
 
-# -- reserving a record's name ---------------------------------------------------------------
-@dataclass
-class Reservation:
-    """A record name claimed by this process: its ``.tmp`` is created and flock-ed, and the
-    lock follows the inode through the rename until :meth:`release`, so another writer can
-    tell a file in flight from one left by a killed process."""
-
-    path: Path
-    fd: int
-    set_aside: list[Path]
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # closing drops the flock
-            self.fd = -1
-
-
-def reserve(path: Path) -> Reservation | None:
-    """Claim ``path`` for a new record, or None when another live process is writing it.
-
-    A ``.tmp`` or an unlisted final file that no live process holds is a leftover of an
-    interrupted write: it is moved aside (``.stale``) rather than overwritten. Call with the
-    manifest lock held, after checking the manifest does not list ``path``.
-    """
-    moved: list[Path] = []
-    for leftover in (tmp_path(path), path):
-        if leftover.exists():
-            if in_flight(leftover):
-                return None
-            moved.append(set_aside(leftover, ".stale"))
-    fd = os.open(tmp_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # blocking: only an in_flight() probe can hold it, briefly
-    return Reservation(path=path, fd=fd, set_aside=moved)
-
-
-def in_flight(path: Path) -> bool:
-    """Whether a live process holds the write lock of ``path``."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also drops the probe's lock
-    return False
+def _kept_as_it_was(path: Path) -> Callable[[int], DiskFull]:
+    return lambda free: DiskFull(
+        f"No room left in {str(path.parent)!r} to write {path.name!r} ({free} bytes free): "
+        f"{path.name!r} was kept as it was, and the temporary file removed. Free space on that "
+        "disk and try again."
+    )
 
 
 # -- records --------------------------------------------------------------------------------
 def write_record(
     target: Path | Reservation, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
 ) -> tuple[int, str]:
-    """Write a record atomically; returns (bytes, sha256 hex) of the committed file.
+    """Write a record atomically; returns (bytes, sha256 hex) of the committed file. The
+    header gets ``tensor_digest``, the digest of the tensor bytes.
 
     ``target`` is a :class:`Reservation` (the checkpoint writer's way: the file stays locked
-    until its manifest entry is committed) or a plain path (exports, tests).
+    until its manifest entry is committed; there must be room to rewrite the manifest before
+    the record is renamed into place) or a plain path (averages, exports, tests), which is
+    published only if no file has that name: a record is never overwritten.
 
     Every tensor must already be a host tensor: a leaf left on a device is refused here,
     by its path, before a byte is written.
@@ -160,6 +181,7 @@ def write_record(
                 f"convert it to one of {sorted(str(d) for d in _DTYPES)}."
             )
     order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+    meta = {**meta, digest.KEY: digest.of_views(_blocks(b"", tensors, order))}
     header: dict[str, Any] = {"__metadata__": {META_KEY: json.dumps(meta, separators=(",", ":"))}}
     offset = 0
     for name in order:
@@ -181,27 +203,48 @@ def write_record(
         sha = hashlib.sha256()
         hasher = ThreadPoolExecutor(max_workers=1)
         pending = []
-        for block in _blocks(struct.pack("<Q", len(head)) + head, tensors, order):
-            pending.append(hasher.submit(sha.update, block))
-            f.write(block)
+        try:
+            for block in _blocks(struct.pack("<Q", len(head)) + head, tensors, order):
+                pending.append(hasher.submit(sha.update, block))
+                f.write(block)
+        except BaseException:
+            hasher.shutdown(cancel_futures=True)
+            raise
 
-        def digest() -> str:
+        def file_hash() -> str:
             for job in pending:
                 job.result()
             hasher.shutdown()
             return sha.hexdigest()
 
-        return digest
+        return file_hash
 
     if isinstance(target, Reservation):
+        return total, _commit_reserved(target, write, total)
+    return total, publish_new(Path(target), write, total)
+
+
+def _commit_reserved(target: Reservation, write: Callable[[Any], Any], total: int) -> str:
+    """Write into the reservation's ``.tmp``, then rename it into place once the manifest
+    can be rewritten. The caller removes the ``.tmp`` when this raises."""
+    path = target.path
+    room = manifest_room(path.parent)
+    detail = f" ({total} for the record, {room} to rewrite manifest.json)"
+    safeio.require_room(path, total + room, detail)
+    try:
         with os.fdopen(os.dup(target.fd), "wb") as f:
-            digest = write(f)
+            file_hash = write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp_path(target.path), target.path)
-        fsync_dir(target.path.parent)
-        return total, digest()
-    return total, commit(write, target)()
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise safeio.no_room(path, total, safeio.free_bytes(path.parent)) from None
+        raise
+    room = manifest_room(path.parent)  # other writers may have taken space meanwhile
+    safeio.require_room(path, room, " to rewrite manifest.json after it is written")
+    os.replace(tmp_path(path), path)
+    fsync_dir(path.parent)
+    return file_hash()
 
 
 def _blocks(head: bytes, tensors: Mapping[str, torch.Tensor], order: list[str]) -> Iterator[Any]:
@@ -226,19 +269,26 @@ def file_sha256(path: Path) -> str:
 def read_record(
     path: Path, sha256: str | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Load a record's tensors and metadata, checking its bytes against ``sha256`` if given."""
+    """Load a record's tensors and metadata, checking its bytes against ``sha256`` if given,
+    else its tensor bytes against the ``tensor_digest`` in its header."""
     meta = read_header(path)
     return dict(stream_record(path, sha256)), meta
 
 
 class _HashingReader:
-    """Reads a record front to back, hashing every byte on a second thread as it goes."""
+    """Reads a record front to back, hashing on a second thread as it goes: every byte when
+    a whole-file ``sha256`` is expected, else the data section when the header carries a
+    ``tensor_digest`` (a record from before the digest, read without a sha256: nothing)."""
 
     RING = 3  # piece buffers reused by read(..., reuse=True)
 
-    def __init__(self, path: Path, f: Any, hasher: ThreadPoolExecutor) -> None:
+    def __init__(self, path: Path, f: Any, hasher: ThreadPoolExecutor, sha256: str | None) -> None:
         self.path, self.f, self.hasher = path, f, hasher
         self.sha = hashlib.sha256()
+        self.expected = sha256
+        self.digest: str | None = None  # the header's tensor_digest, checked without sha256
+        self.folder = digest.Folder()
+        self.hashing = sha256 is not None
         self.pending: list[Any] = []
         self.ring: list[tuple[memoryview, Any]] = []
         self.turn = 0
@@ -265,8 +315,10 @@ class _HashingReader:
                 f"Checkpoint {str(self.path)!r} is truncated: it ends {nbytes - got} bytes short "
                 "of what its header describes. Load another checkpoint (read_manifest lists them)."
             )
-        job = self.hasher.submit(self.sha.update, view)
-        self.pending.append(job)
+        update = self.sha.update if self.digest is None else self.folder.update
+        job = self.hasher.submit(update, view) if self.hashing else None
+        if job is not None:
+            self.pending.append(job)
         while len(self.pending) > self.RING:  # bound the chunks held for hashing
             self.pending.pop(0).result()
         if reuse:
@@ -283,9 +335,13 @@ class _HashingReader:
                 raise ValueError(f"header length {n} does not fit a file of {size} bytes")
             with paused_gc():
                 header = json.loads(bytes(self.read(n)))
-            header.pop("__metadata__", None)
+            extra = header.pop("__metadata__", None) or {}
             entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
-        except (ValueError, KeyError, TypeError, struct.error) as exc:
+            if self.expected is None and META_KEY in extra:
+                with paused_gc():
+                    self.digest = json.loads(extra[META_KEY]).get(digest.KEY)
+                self.hashing = self.digest is not None  # from here on: the data section
+        except (ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
             raise CheckpointCorrupt(
                 f"Checkpoint {str(self.path)!r} is not a readable record ({exc})."
             ) from None
@@ -299,29 +355,40 @@ class _HashingReader:
             position = end
         return entries
 
-    def finish(self, sha256: str | None) -> None:
+    def finish(self) -> None:
         if self.f.read(1):
             raise CheckpointCorrupt(
                 f"Checkpoint {str(self.path)!r} has bytes past the end its header describes."
             )
         for job in self.pending:
             job.result()
-        if sha256 is not None and (actual := self.sha.hexdigest()) != sha256:
+        if self.expected is not None and (actual := self.sha.hexdigest()) != self.expected:
             raise CheckpointCorrupt(
                 f"Checkpoint {str(self.path)!r} is corrupt: its sha256 is {actual[:16]}..., the "
-                f"manifest recorded {sha256[:16]}... when it was written. Load another checkpoint "
-                "(read_manifest lists them) or restore this file from a backup."
+                f"manifest recorded {self.expected[:16]}... when it was written. Load another "
+                "checkpoint (read_manifest lists them) or restore this file from a backup."
+            )
+        if self.digest is not None and (actual := self.folder.value()) != self.digest:
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(self.path)!r} is corrupt: its tensor bytes digest to "
+                f"{_short(actual)}, its header recorded {_short(self.digest)} when it was "
+                "written. Load another checkpoint or restore this file from a backup."
             )
 
 
+def _short(tensor_digest: str) -> str:
+    algorithm, _, hexdigest = str(tensor_digest).partition(":")
+    return f"{algorithm}:{hexdigest[:16]}..."
+
+
 @contextmanager
-def _reader(path: Path) -> Iterator[_HashingReader]:
+def _reader(path: Path, sha256: str | None) -> Iterator[_HashingReader]:
     path = Path(path)
     _must_exist(path)
     with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(max_workers=1) as hasher:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        yield _HashingReader(path, f, hasher)
+        yield _HashingReader(path, f, hasher, sha256)
 
 
 def _must_exist(path: Path) -> None:
@@ -354,7 +421,7 @@ def stream_record(
     file once while a second thread hashes it. A mismatch with ``sha256`` (or a truncated or
     malformed file) raises :class:`CheckpointCorrupt` after the last byte, so a consumer
     must exhaust the iterator before trusting what it built."""
-    with _reader(path) as r:
+    with _reader(path, sha256) as r:
         for name, info in r.tensors():
             begin, end = info["data_offsets"]
             dtype = _FROM_CODE[info["dtype"]]
@@ -369,7 +436,7 @@ def stream_record(
             else:
                 for start in range(begin, end, _PIECE):
                     r.read(min(_PIECE, end - start), reuse=True)
-        r.finish(sha256)
+        r.finish()
 
 
 def stream_chunks(
@@ -379,7 +446,7 @@ def stream_chunks(
     4 MB, as ``(name, shape, first element, piece)``. A piece is valid only until the next
     one is yielded (the reader reuses a few fixed buffers), so memory holds no tensor of the
     record at all (the averaging accumulator reads records this way)."""
-    with _reader(path) as r:
+    with _reader(path, sha256) as r:
         for name, info in r.tensors():
             begin, end = info["data_offsets"]
             dtype = _FROM_CODE[info["dtype"]]
@@ -396,7 +463,7 @@ def stream_chunks(
                     )
             if begin == end and want(name):
                 yield name, info["shape"], 0, torch.empty(0, dtype=dtype)
-        r.finish(sha256)
+        r.finish()
 
 
 def read_header(path: Path) -> dict[str, Any]:
@@ -446,60 +513,39 @@ def paused_gc() -> Iterator[None]:
 
 
 # -- the manifest ---------------------------------------------------------------------------
-@contextmanager
-def manifest_lock(directory: Path) -> Iterator[None]:
-    """Hold the directory's inter-process manifest lock."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with FileLock(directory / LOCK_NAME):
-        yield
-
-
-@contextmanager
-def run_lock(directory: Path, run: str) -> Iterator[bool]:
-    """Hold the run's training lock (``.run-<id>.lock``) for the block; yields False, holding
-    nothing, when another live process holds it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / f".run-{run}.lock", os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
 def load_manifest_bytes(directory: Path) -> bytes | None:
-    """The manifest's bytes, or None when the directory has none."""
+    """The manifest's bytes, or None when the directory has none. A ``manifest.json`` that is
+    a link is refused unread (:class:`UnsafePath`)."""
     try:
-        return (Path(directory) / MANIFEST_NAME).read_bytes()
+        fd = open_nofollow(Path(directory) / MANIFEST_NAME, os.O_RDONLY)
     except FileNotFoundError:
         return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 def save_manifest_json(directory: Path, data: Mapping[str, Any]) -> None:
     """Commit the manifest; the caller holds :func:`manifest_lock`."""
+    directory = Path(directory)
     body = json.dumps(data, indent=1, allow_nan=False).encode()
-    commit(lambda f: f.write(body), Path(directory) / MANIFEST_NAME)
+
+    def disk_full(free: int) -> DiskFull:
+        return DiskFull(
+            f"No room left in {str(directory)!r} to rewrite manifest.json: it needs {len(body)} "
+            f"bytes, {free} are free. Kept: manifest.json as it was before this update, with "
+            "every record it lists (the temporary file was removed); a record written for this "
+            "update is not listed and counts for nothing. Free space on that disk and resume "
+            "with resume='auto'."
+        )
+
+    commit(lambda f: f.write(body), directory / MANIFEST_NAME, disk_full)
 
 
-def remove_file(path: Path) -> None:
-    """Delete a record the manifest no longer lists (already gone is fine)."""
+def manifest_room(directory: Path) -> int:
+    """Free bytes a rewrite of ``directory``'s manifest needs: its size and a margin (the
+    new one is written beside the old before the rename frees it)."""
     try:
-        os.unlink(path)
+        size = os.lstat(Path(directory) / MANIFEST_NAME).st_size
     except FileNotFoundError:
-        pass
-
-
-def set_aside(path: Path, suffix: str) -> Path:
-    """Rename an unlisted file out of the way of a write; returns its new path."""
-    target = path.with_name(path.name + suffix)
-    n = 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{path.name}{suffix}{n}")
-    os.replace(path, target)
-    fsync_dir(path.parent)
-    return target
+        size = 0
+    return size + MANIFEST_ROOM

@@ -4,6 +4,7 @@ return values, and Ctrl+C."""
 from __future__ import annotations
 
 import math
+import re
 import signal
 import threading
 import warnings
@@ -28,18 +29,32 @@ def resolve_run_dir(run_dir: str | Path | None, ckpt: Checkpointer | None, name:
     return Path(run_dir) if run_dir is not None else Path("runs") / name
 
 
+_DEVICE = re.compile(r"auto|cpu|cuda(:(0|[1-9][0-9]{0,2}))?")
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
-    if device == "auto":
+    """'auto', 'cpu', 'cuda' or 'cuda:N' (or such a ``torch.device``) that this machine has;
+    anything else (``mps``, ``meta``, ``cpu:0``, a typo) is refused here, not by torch later."""
+    if isinstance(device, torch.device):
+        text = str(device)
+    elif isinstance(device, str):
+        text = device
+    else:
+        text = ""
+    if not _DEVICE.fullmatch(text):
+        raise ConfigError(f"device={device!r} is not a device; write 'auto', 'cpu' or 'cuda:0'.")
+    if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ConfigError(
-            f"device={device!r} is not a device; write 'auto', 'cpu' or 'cuda:0'."
-        ) from None
+    dev = torch.device(text)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             f"device={device!r} asks for CUDA, which this machine lacks; write 'auto' or 'cpu'."
+        )
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ConfigError(
+            f"device={device!r} names CUDA device {dev.index}, but this machine has {count} "
+            f"(cuda:0 to cuda:{count - 1}); write 'auto' or 'cuda:0'."
         )
     return dev
 

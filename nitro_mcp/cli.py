@@ -112,8 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from nitro_mcp.serve import serve_http, serve_stdio
-    from nitro_mcp.server import build_server
+    from nitro_mcp.serve import serve_http, serve_stdio  # lazy
+    from nitro_mcp.server import build_server  # lazy
 
     server = build_server(
         Path(args.root), max_jobs=args.max_jobs, experiment_modules=tuple(args.experiment_module)
@@ -126,13 +126,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from nitro_mcp.demo import main as demo_main
+    from nitro_mcp.demo import main as demo_main  # lazy
 
     return demo_main(Path(args.root).resolve(), args.epochs)
 
 
 def _experiment(args: argparse.Namespace) -> Any:
-    from nitro_core.registry import load_registry, lookup
+    from nitro_core.registry import load_registry, lookup  # lazy
 
     overrides = {}
     for item in args.set:
@@ -145,7 +145,7 @@ def _experiment(args: argparse.Namespace) -> Any:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from nitro_core import Nitro
+    from nitro_core import Nitro  # lazy
 
     n = Nitro(
         _experiment(args),
@@ -165,7 +165,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from nitro_core import Nitro
+    from nitro_core import Nitro  # lazy
 
     n = Nitro(_experiment(args), run_dir=args.run_dir, weights=args.weights, load_ema=args.load_ema)
     print(
@@ -182,7 +182,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _average(args: argparse.Namespace) -> int:
-    from nitro_core import average_checkpoints
+    from nitro_core import average_checkpoints  # lazy
 
     result = average_checkpoints(args.run_dir, args.source, save=args.save)
     print(json.dumps({"averaged_from": result.averaged_from, "saved": args.save}, indent=2))
@@ -190,7 +190,7 @@ def _average(args: argparse.Namespace) -> int:
 
 
 def _runs(args: argparse.Namespace) -> int:
-    from nitro_core import read_manifest
+    from nitro_core import read_manifest  # lazy
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
@@ -200,7 +200,7 @@ def _runs(args: argparse.Namespace) -> int:
     entries = read_manifest(run_dir)
     if not entries:
         print(f"{run_dir}: no checkpoints")
-    from nitro_core.retention import explain
+    from nitro_core.retention import explain  # lazy
 
     for run in dict.fromkeys(e.run for e in entries):
         mine = [e for e in entries if e.run == run]
@@ -219,14 +219,14 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> int:
-    from nitro_core import read_manifest
+    from nitro_core import read_manifest  # lazy
 
     print(json.dumps([e.model_dump() for e in read_manifest(args.run_dir)], indent=1))
     return 0
 
 
 def _info(args: argparse.Namespace) -> int:
-    from nitro_core import checkpoint_info
+    from nitro_core import checkpoint_info  # lazy
 
     meta: dict[str, Any] = checkpoint_info(Path(args.file))
     if not args.full:
@@ -236,7 +236,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _schemas(args: argparse.Namespace) -> int:
-    from nitro_mcp.schemas import write
+    from nitro_mcp.schemas import write  # lazy
 
     for path in write(Path(args.out)):
         print(path)

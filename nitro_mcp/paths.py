@@ -1,27 +1,82 @@
-"""Every path a client names resolves inside the server's root, or is refused."""
+"""Every path a client names resolves inside the server's root, outside the server's own
+state directory (``<root>/.nitro``: the job store), or is refused with a message saying
+what to write instead. A path the file system would refuse (a name over 255 bytes, a path
+over 4,095, characters it cannot encode, a file where a directory must be) is refused
+here too, before anything is read or written."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from nitro_core.errors import ConfigError
+from nitro_mcp.echo import clip
+
+STATE_DIR = ".nitro"
+NAME_MAX = 255  # bytes in one file or directory name (Linux, macOS)
+PATH_MAX = 4096  # bytes in a whole path, with its terminating NUL
+EXAMPLE = "e.g. 'runs/Classifier'"
 
 
 def inside_root(root: Path, text: str, what: str) -> Path:
     """``text`` (relative to ``root``, or absolute) resolved with symlinks followed; refused
-    when it lands outside ``root`` (``..``, an absolute path elsewhere, a symlink escape)."""
+    when it lands outside ``root`` (``..``, an absolute path elsewhere, a symlink escape,
+    a sibling such as ``<root>2``) or inside ``<root>/.nitro``."""
     if not isinstance(text, str) or not text.strip() or "\x00" in text:
         raise ConfigError(
-            f"{what}={text!r} is not a path; give a path inside the server's root, e.g. 'runs/Classifier'."
+            f"{what}={clip(text)} is not a path; give a path inside the server's root, {EXAMPLE}."
         )
+    _check_lengths(text, what)
     candidate = Path(text)
-    resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
-    if resolved != root and root not in resolved.parents:
+    try:
+        resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop, an unreadable directory
         raise ConfigError(
-            f"{what}={text!r} resolves to {str(resolved)!r}, outside the server's root {str(root)!r}; "
-            "give a path inside it, e.g. 'runs/Classifier'."
+            f"{what}={clip(text)} cannot be resolved ({getattr(exc, 'strerror', None) or exc}); "
+            f"give a plain path inside the server's root, {EXAMPLE}."
+        ) from None
+    if resolved != root and root not in resolved.parents:  # by component, never by prefix
+        raise ConfigError(
+            f"{what}={clip(text)} resolves to {clip(str(resolved))}, outside the server's root "
+            f"{str(root)!r}; give a path inside it, {EXAMPLE}."
+        )
+    state = root / STATE_DIR
+    if resolved == state or state in resolved.parents:
+        raise ConfigError(
+            f"{what}={clip(text)} is inside {STATE_DIR!r}, the server's own state directory (its "
+            f"job store), which no tool reads or writes through a path; give a path outside it, "
+            f"{EXAMPLE}."
+        )
+    _check_lengths(str(resolved), what, echo=text)
+    return resolved
+
+
+def directory_inside_root(root: Path, text: str, what: str) -> Path:
+    """A directory inside the root (``inside_root``), refused when it or the nearest of its
+    parents that exists is a file: nothing could be read or created there."""
+    resolved = inside_root(root, text, what)
+    blocker = file_in_the_way(resolved)
+    if blocker is not None:
+        where = (
+            "is a file"
+            if blocker == resolved
+            else f"lies under the file {clip(shown(root, blocker))}"
+        )
+        raise ConfigError(
+            f"{what}={clip(text)} {where}, not a directory; give a directory (it is created "
+            f"when missing), {EXAMPLE}."
         )
     return resolved
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """The nearest of ``path`` and its parents that exists and is not a directory."""
+    for candidate in (path, *path.parents):
+        if candidate.is_dir():
+            return None
+        if candidate.exists():
+            return candidate
+    return None
 
 
 def shown(root: Path, path: Path | str | None) -> str | None:
@@ -33,3 +88,25 @@ def shown(root: Path, path: Path | str | None) -> str | None:
         return str(p.resolve().relative_to(root))
     except ValueError:
         return str(p)
+
+
+def _check_lengths(text: str, what: str, echo: str | None = None) -> None:
+    try:
+        encoded = os.fsencode(text)
+    except UnicodeError:
+        raise ConfigError(
+            f"{what}={clip(echo or text)} holds characters that cannot be a file name here; "
+            f"give a path of plain characters, {EXAMPLE}."
+        ) from None
+    if len(encoded) >= PATH_MAX:
+        raise ConfigError(
+            f"{what}={clip(echo or text)} is {len(encoded)} bytes long; a path is at most "
+            f"{PATH_MAX - 1} bytes here. Give a shorter path, {EXAMPLE}."
+        )
+    for part in encoded.split(b"/"):
+        if len(part) > NAME_MAX:
+            raise ConfigError(
+                f"{what}={clip(echo or text)} has a name of {len(part)} bytes "
+                f"({clip(os.fsdecode(part), 20)}); a file or directory name is at most "
+                f"{NAME_MAX} bytes. Give a shorter name, {EXAMPLE}."
+            )

@@ -16,7 +16,7 @@ from nitro_core.manifest import ManifestEntry
 
 
 async def _tool_schemas() -> dict[str, Any]:
-    from nitro_mcp.server import build_server
+    from nitro_mcp.server import build_server  # lazy: the server imports torch
 
     with tempfile.TemporaryDirectory() as root:
         async with Client(build_server(root)) as client:

@@ -2,13 +2,17 @@
 
 Flat typed parameters with descriptions, a pydantic return model per tool (so every tool
 has an output schema), and every ``NitroError`` turned into a ``ToolError`` with the same
-text. Anything else escaping a tool is a bug.
+text; an ``OSError`` the checks did not foresee becomes an actionable ``ToolError`` too.
+While the server runs, a watcher starts queued jobs when a slot frees, whether or not a
+client is connected (ending workers start them too, so the queue drains without a server).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,7 +25,11 @@ from pydantic import Field
 from nitro_core import __version__
 from nitro_core.errors import NitroError
 from nitro_mcp import models
+from nitro_mcp.echo import clip
 from nitro_mcp.tools import Gate
+
+log = logging.getLogger(__name__)
+WATCH_S = 2.0  # how often the server looks for a queued job that can start
 
 INSTRUCTIONS = """Nitro trains PyTorch experiments and keeps checkpoints you can trust.
 Start with nitro_experiments to see what can be trained. nitro_train starts a background
@@ -59,8 +67,39 @@ def _tool_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return result
         except NitroError as exc:
             raise ToolError(str(exc)) from exc
+        except OSError as exc:  # the file system refused something the checks let through
+            where = f" at {clip(exc.filename)}" if exc.filename else ""
+            raise ToolError(
+                f"{fn.__name__} failed: {exc.strerror or type(exc).__name__}{where}. Check the "
+                "path arguments (inside the server's root, names of at most 255 bytes, "
+                "directories where a directory is meant) and the disk, then call again."
+            ) from exc
 
     return wrapper
+
+
+def _watch_queue(gate: Gate) -> Callable[[MCPServer], Any]:
+    """The server's lifespan: a task that starts queued jobs when a slot frees (a worker
+    killed without a chance to start the next one, a job queued by another server)."""
+
+    @asynccontextmanager
+    async def lifespan(server: MCPServer) -> AsyncIterator[dict[str, Any]]:
+        async def watch() -> None:
+            while True:
+                await anyio.sleep(WATCH_S)
+                try:
+                    await anyio.to_thread.run_sync(gate.jobs.pump)
+                except Exception:  # never take the server down; the next round tries again
+                    log.exception("starting queued jobs failed")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            try:
+                yield {}
+            finally:
+                tg.cancel_scope.cancel()
+
+    return lifespan
 
 
 async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
@@ -84,7 +123,9 @@ def build_server(
 ) -> MCPServer:
     """The Nitro MCP server over ``root``: every path resolves inside it."""
     gate = Gate(Path(root), max_jobs=max_jobs, experiment_modules=tuple(experiment_modules))
-    server = MCPServer("nitro", instructions=INSTRUCTIONS, version=__version__)
+    server = MCPServer(
+        "nitro", instructions=INSTRUCTIONS, version=__version__, lifespan=_watch_queue(gate)
+    )
 
     @server.tool(description="Start training an experiment as a background job and return at once with "
                  "its job_id (state queued or running). Next: nitro_status(job_id, wait_s=20).")  # fmt: skip

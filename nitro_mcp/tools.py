@@ -27,13 +27,15 @@ from nitro_core.options import check_options
 from nitro_core.registry import load_registry, lookup
 from nitro_core.resolve import resolve
 from nitro_core.resume import latest_point, resume_from_source
-from nitro_core.sources import Average, PathSource, Source
+from nitro_core.sources import Average, Pair, PathSource, Source, to_source
 from nitro_core.wiring import check_seed
 from nitro_mcp import models
-from nitro_mcp.paths import inside_root, shown
+from nitro_mcp.echo import clip, clip_text
+from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 POLL = 0.2
+OVERRIDE_MAX = 1000  # characters in the repr of one override value
 LOG_TAIL = 3000
 _BULKY = ("rng", "optimizer", "history", "scheduler", "plateau")
 
@@ -52,15 +54,24 @@ class Gate:
 
     # -- argument checks ----------------------------------------------------------------------
     def _experiment(self, name: str, overrides: dict[str, Any] | None) -> Experiment:
-        cls = lookup(self.registry, name)
+        # an unknown name is echoed in the refusal, so cut it first (no registered name is long)
+        cls = lookup(self.registry, name if name in self.registry else clip_text(name))
         if overrides is not None and not isinstance(overrides, dict):
             raise ConfigError(
-                f'overrides={overrides!r} must be an object of field -> value, e.g. {{"max_epochs": 3}}.'
+                f'overrides={clip(overrides)} must be an object of field -> value, e.g. {{"max_epochs": 3}}.'
             )
+        for key, value in (overrides or {}).items():
+            if len(key) > 80 or len(repr(value)) > OVERRIDE_MAX:
+                raise ConfigError(
+                    f"overrides[{clip(key)}]={clip(value)} is too long: a field name is at most 80 "
+                    f"characters and a value at most {OVERRIDE_MAX}; nitro_experiments lists "
+                    "each experiment's fields."
+                )
         return cls(**(overrides or {}))  # unknown or ill-typed fields raise ConfigError
 
     def _run_dir(self, run_dir: str | None, experiment: str) -> Path:
-        return inside_root(self.root, run_dir or f"runs/{experiment.rsplit('.', 1)[-1]}", "run_dir")
+        default = f"runs/{experiment.rsplit('.', 1)[-1]}"
+        return directory_inside_root(self.root, run_dir or default, "run_dir")
 
     def _rooted(self, source: Source, run_dir: Path, keyword: str) -> Source:
         """A path source made absolute the way the worker (whose working directory is the
@@ -97,8 +108,8 @@ class Gate:
         if opts.weights is not None:
             self._check_source(opts.weights, where, "weights")
         if isinstance(opts.restore_best, Average):
-            check_keep_holds(exp.checkpointer(), opts.restore_best, where)
-        check_seed(seed)
+            check_keep_holds(exp.checkpointer(), opts.restore_best, exp.max_epochs)
+        _check_seed(seed)
         _check_device(device)
         status = self.jobs.submit(
             kind="train", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
@@ -142,7 +153,7 @@ class Gate:
         splits = self._experiment_splits(experiment)
         if splits is not None and split not in splits:
             raise ConfigError(
-                f"split={split!r} is not a split of {experiment}; it has {', '.join(splits)}."
+                f"split={clip(split)} is not a split of {experiment}; it has {', '.join(splits)}."
             )
         return self.jobs.submit(
             kind="validate", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
@@ -168,25 +179,29 @@ class Gate:
     def _submit_average(
         self, run_dir: str, source: str, save: str | None, experiment: str | None, validate: bool, wait_s: float
     ) -> JobStatus:  # fmt: skip
-        where = inside_root(self.root, run_dir, "run_dir")
+        where = directory_inside_root(self.root, run_dir, "run_dir")
         _check_wait(wait_s, 60)
-        from nitro_core.sources import Average, Pair, to_source
-
         src = to_source(source, "source")
         if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
             raise ConfigError(
-                f"source={source!r} is not an average; write e.g. 'latest => Average(Last(10))'."
+                f"source={clip(source)} is not an average; write e.g. 'latest => Average(Last(10))'."
             )
         saved = None
         if save is not None:
             saved = inside_root(self.root, save, "save")
             if saved.suffix != ".safetensors":
                 raise ConfigError(
-                    f"save={save!r} must name a .safetensors file, e.g. 'runs/Classifier/avg10.safetensors'."
+                    f"save={clip(save)} must name a .safetensors file, e.g. 'runs/Classifier/avg10.safetensors'."
+                )
+            blocker = file_in_the_way(saved.parent)
+            if blocker is not None:
+                raise ConfigError(
+                    f"save={clip(save)} lies under the file {clip(shown(self.root, blocker))}, not a "
+                    "directory; give a path in a directory, e.g. 'runs/Classifier/avg10.safetensors'."
                 )
             if saved.exists():
                 raise ConfigError(
-                    f"save={save!r} already exists; Nitro never overwrites it. Choose a new name."
+                    f"save={clip(save)} already exists; Nitro never overwrites it. Choose a new name."
                 )
         self._check_source(src, where, "source")
         if validate:
@@ -220,19 +235,19 @@ class Gate:
             "lost",
         ):
             raise ConfigError(
-                f"state={state!r} is not a job state; write queued, running, succeeded, failed, stopped or lost."
+                f"state={clip(state)} is not a job state; write queued, running, succeeded, failed, stopped or lost."
             )
         start, limit = _page(cursor, limit, 100)
         jobs = self.jobs.list(state)  # type: ignore[arg-type]
         page = jobs[start : start + limit]
-        specs = {s.job_id: self.jobs.spec(s.job_id) for s in page}
+        experiments = {s.job_id: self._spec_experiment(s.job_id) for s in page}
         return models.JobsPage(
             jobs=[
                 models.JobSummary(
                     job_id=s.job_id,
                     kind=s.kind,
                     state=s.state,
-                    experiment=specs[s.job_id].experiment,
+                    experiment=experiments[s.job_id],
                     run_dir=shown(self.root, s.run_dir),
                     epoch=s.epoch,
                     created=s.created,
@@ -294,7 +309,7 @@ class Gate:
         where = inside_root(self.root, path, "path")
         if not where.is_file():
             raise ConfigError(
-                f"path={path!r} is not a file under the server's root; nitro_manifest lists a run's files."
+                f"path={clip(path)} is not a file under the server's root; nitro_manifest lists a run's files."
             )
         header = checkpoint_info(where)
         for key in _BULKY:
@@ -347,12 +362,19 @@ class Gate:
         return self._splits[name]
 
     def _existing_dir(self, run_dir: str) -> Path:
-        where = inside_root(self.root, run_dir, "run_dir")
+        where = directory_inside_root(self.root, run_dir, "run_dir")
         if not where.is_dir():
             raise ConfigError(
-                f"run_dir={run_dir!r} does not exist under the server's root; nitro_jobs shows where jobs wrote."
+                f"run_dir={clip(run_dir)} does not exist under the server's root; nitro_jobs shows where jobs wrote."
             )
         return where
+
+    def _spec_experiment(self, job_id: str) -> str | None:
+        """The job's experiment, or None when its spec cannot be read (listing never fails)."""
+        try:
+            return self.jobs.spec(job_id).experiment
+        except NitroError:
+            return None
 
     def _handle(
         self, status: JobStatus, experiment: str | None, poll: float, nxt: str
@@ -422,28 +444,38 @@ def _check_wait(wait_s: float, most: float) -> None:
         raise ConfigError(f"wait_s={wait_s:g} is out of range; give 0 to {most:g} seconds.")
 
 
-def _check_device(device: str) -> None:
-    from nitro_core.wiring import resolve_device
+def _check_seed(seed: int | None) -> None:
+    if isinstance(seed, int) and seed.bit_length() > 64:  # too long to echo whole, or to repr
+        raise ConfigError(
+            f"seed={clip(seed)} is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."
+        )
+    check_seed(seed)
 
-    resolve_device(device)
+
+def _check_device(device: str) -> None:
+    """'auto', 'cpu', 'cuda' or 'cuda:N' for a device this machine has, refused at the call
+    rather than by torch in the worker."""
+    from nitro_core.wiring import resolve_device  # lazy: wiring imports torch
+
+    resolve_device(clip_text(device) if isinstance(device, str) else device)
 
 
 def _job_id(job_id: str) -> str:
     if not isinstance(job_id, str) or not job_id.replace("-", "").isalnum() or len(job_id) > 64:
         raise ConfigError(
-            f"job_id={job_id!r} is not a job id; nitro_jobs lists them (e.g. '20261129-072848-63c6e6')."
+            f"job_id={clip(job_id)} is not a job id; nitro_jobs lists them (e.g. '20261129-072848-63c6e6')."
         )
     return job_id
 
 
 def _page(cursor: str | None, limit: int, most: int) -> tuple[int, int]:
     if not 1 <= limit <= most:
-        raise ConfigError(f"limit={limit!r} is out of range; give 1 to {most}.")
+        raise ConfigError(f"limit={clip(limit)} is out of range; give 1 to {most}.")
     if cursor is None:
         return 0, limit
-    if not (cursor.isascii() and cursor.isdigit()):
+    if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 9):
         raise ConfigError(
-            f"cursor={cursor!r} is not a cursor; pass the next_cursor of the previous page."
+            f"cursor={clip(cursor)} is not a cursor; pass the next_cursor of the previous page."
         )
     return int(cursor), limit
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
 from nitro_core.data import TensorBatches
 from nitro_core.ema import EMA
@@ -15,15 +16,16 @@ class Classifier(Experiment):
     """Classify points drawn around random centers; ranked by accuracy (max), with an EMA;
     keeps the best three and the latest three epochs."""
 
-    features: int = 16
-    classes: int = 4
-    hidden: int = 64
-    dropout: float = 0.1
-    samples: int = 1024
-    batch_size: int = 64
-    lr: float = 3e-3
-    ema_decay: Host[float] = 0.9
-    max_epochs: Host[int] = 6
+    # bounded, so a call cannot ask for 10**12 samples (an MCP client sets these fields)
+    features: int = Field(16, ge=1, le=256)
+    classes: int = Field(4, ge=2, le=1000)
+    hidden: int = Field(64, ge=1, le=4096)
+    dropout: float = Field(0.1, ge=0, lt=1)
+    samples: int = Field(1024, ge=8, le=100_000)
+    batch_size: int = Field(64, ge=2, le=100_000)  # BatchNorm needs two samples a batch
+    lr: float = Field(3e-3, gt=0, le=10)
+    ema_decay: Host[float] = Field(0.9, gt=0, lt=1)
+    max_epochs: Host[int] = Field(6, le=10_000)  # at least 1: Experiment checks it
 
     def build_data(self) -> dict[str, TensorBatches]:
         g = torch.Generator().manual_seed(4321)

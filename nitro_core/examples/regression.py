@@ -4,6 +4,7 @@ metrics hook, so checkpoints are ranked by validation loss."""
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
 from nitro_core.data import TensorBatches
 from nitro_core.experiment import Experiment, Host
@@ -12,12 +13,13 @@ from nitro_core.experiment import Experiment, Host
 class Regression(Experiment):
     """Fit y = x @ W + noise with a two-layer MLP; ranked by validation loss (min)."""
 
-    features: int = 8
-    hidden: int = 32
-    samples: int = 512
-    batch_size: int = 64
-    lr: float = 1e-2
-    max_epochs: Host[int] = 5
+    # bounded, so a call cannot ask for 10**12 samples (an MCP client sets these fields)
+    features: int = Field(8, ge=1, le=256)
+    hidden: int = Field(32, ge=1, le=4096)
+    samples: int = Field(512, ge=8, le=100_000)
+    batch_size: int = Field(64, ge=1, le=100_000)
+    lr: float = Field(1e-2, gt=0, le=10)
+    max_epochs: Host[int] = Field(5, le=10_000)  # at least 1: Experiment checks it
 
     def build_data(self) -> dict[str, TensorBatches]:
         g = torch.Generator().manual_seed(1234)  # the data set is fixed, whatever the seed

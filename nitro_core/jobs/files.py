@@ -45,6 +45,7 @@ class JobSpec(BaseModel):
     save: str | None = None
     validate_average: bool = False
     device: str = "auto"
+    max_jobs: int = Field(default=2, ge=0)  # the submitting server's limit, for the worker's pump
     created: str
 
 

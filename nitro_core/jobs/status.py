@@ -1,32 +1,47 @@
-"""Read-modify-write of a job's ``status.json`` under a per-job file lock, so the server
-and the worker never overwrite each other's fields."""
+"""Compare-and-set of a job's ``status.json`` under a per-job file lock, so the server and
+the worker never overwrite each other's fields.
+
+Every change is conditional: a state moves only from the states its writer expects, and a
+terminal state (succeeded, failed, stopped, lost) is final. A fast worker's result is
+therefore never overwritten by the server's late "running", and a forced stop never
+overwrites a result the worker recorded a moment before the kill.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
-from nitro_core.jobs.files import JobStatus, read_status, write_json
+from nitro_core.jobs.files import TERMINAL, JobStatus, read_status, write_json
 
 
-def update_status_if(directory: Path, states: set[str], **changes: Any) -> JobStatus | None:
-    """Apply ``changes`` only while the job is in one of ``states`` (a claim: two servers
-    over one root never both launch a queued job); None when it was not."""
+def compare_and_set(
+    directory: Path, check: Callable[[JobStatus], bool], **changes: Any
+) -> JobStatus | None:
+    """Apply ``changes`` when the current status passes ``check`` and is not terminal;
+    the new status, or None when it was left as it was."""
     with FileLock(directory / ".status.lock"):
         status = read_status(directory)
-        if status.state not in states:
+        if status.state in TERMINAL or not check(status):
             return None
         status = status.model_copy(update=changes)
-        JobStatus.model_validate(status.model_dump())
-        write_json(directory / "status.json", status)
-    return status
-
-
-def update_status(directory: Path, **changes: Any) -> JobStatus:
-    with FileLock(directory / ".status.lock"):
-        status = read_status(directory).model_copy(update=changes)
         JobStatus.model_validate(status.model_dump())  # refuse a bad field before it lands
         write_json(directory / "status.json", status)
     return status
+
+
+def update_status_if(directory: Path, states: Collection[str], **changes: Any) -> JobStatus | None:
+    """Apply ``changes`` only while the job is in one of ``states`` (a claim: two servers
+    over one root never both launch a queued job); None when it was not."""
+    return compare_and_set(directory, lambda s: s.state in states, **changes)
+
+
+def update_status(directory: Path, **changes: Any) -> JobStatus:
+    """Progress of a live job (phase, epoch, loss...): applied unless the job has ended;
+    returns the status as it now stands. States move only through ``update_status_if``."""
+    assert "state" not in changes, "a state moves only by compare-and-set"
+    changed = compare_and_set(directory, lambda s: True, **changes)
+    return changed if changed is not None else read_status(directory)

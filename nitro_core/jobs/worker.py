@@ -1,6 +1,12 @@
 """The worker: ``python -m nitro_core.jobs.worker <job_dir>`` runs one job and records its
-progress, result or error in the job's files. SIGTERM asks for a graceful stop (the epoch
-finishes, validates and checkpoints); SIGKILL leaves the run resumable with resume="auto"."""
+progress, result or error in the job's files.
+
+A stop is a flag, never an exception raised into running code: SIGTERM (or the
+``stop_requested`` field the server sets in ``status.json``) is read at safe points. Before
+training starts, a requested stop ends the job as ``stopped`` without touching the run;
+during training it asks the handle for a graceful stop (the epoch finishes, validates and
+checkpoints). SIGKILL leaves the run resumable with resume="auto". A worker that ends
+starts the next queued job, so the queue drains with no server attached."""
 
 from __future__ import annotations
 
@@ -8,16 +14,20 @@ import logging
 import os
 import signal
 import sys
+import threading
 import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
-from nitro_core.jobs.files import JobSpec, append_event, process_start, read_spec
+from nitro_core.errors import CheckpointCorrupt, MonitorError, NitroError
+from nitro_core.jobs.files import JobSpec, append_event, process_start, read_spec, read_status
+from nitro_core.jobs.manager import JobManager
 from nitro_core.jobs.status import update_status, update_status_if
 from nitro_core.manifest import now_iso
 
 log = logging.getLogger("nitro.worker")
+WATCH_S = 0.25  # how often the stop watcher looks at the flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,8 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s"
     )
-    stop = _Stop()
+    stop = _Stop(directory)
     signal.signal(signal.SIGTERM, stop.handle)
+    try:
+        return _main(spec, directory, stop)
+    finally:
+        _pump_queue(directory, spec)
+
+
+def _main(spec: JobSpec, directory: Path, stop: _Stop) -> int:
     me = update_status_if(
         directory,
         {"running"},
@@ -38,68 +55,111 @@ def main(argv: list[str] | None = None) -> int:
     )
     if me is None or me.stop_requested:  # stopped (or declared lost) before it could start
         if me is not None:
-            update_status(directory, state="stopped", phase="cancelled", ended=now_iso())
+            _end(directory, "stopped", phase="cancelled")
         return 0
     append_event(directory, {"time": now_iso(), "event": "started"})
+    stop.watch()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             result, state = _run(spec, directory, stop)
         except _StoppedEarly:
-            update_status(directory, state="stopped", phase="cancelled", ended=now_iso())
-            append_event(directory, {"time": now_iso(), "event": "stopped"})
+            _end(directory, "stopped", phase="cancelled")
             return 0
         except Exception as exc:  # every failure is recorded; the worker is the edge
-            from nitro_core.errors import NitroError
-
-            known = isinstance(exc, NitroError)
             traceback.print_exc(file=sys.stderr)
-            update_status(
-                directory,
-                state="failed",
-                phase="failed",
-                error=str(exc) if known else f"{type(exc).__name__}: {exc}",
-                hint=_hint(exc, spec),
-                ended=now_iso(),
-                result={"warnings": _warnings(caught)},
-            )
-            append_event(directory, {"time": now_iso(), "event": "failed", "error": str(exc)})
+            _end(
+                directory, "failed", phase="failed", error=_error_text(exc),
+                hint=_hint(exc, spec), result={"warnings": _warnings(caught)},
+                detail={"error": str(exc)},
+            )  # fmt: skip
             return 1
     result["warnings"] = _warnings(caught)
-    update_status(directory, state=state, phase="done", result=result, ended=now_iso())
-    append_event(directory, {"time": now_iso(), "event": state})
+    _end(directory, state, phase="done", result=result)
     return 0
 
 
+def _end(directory: Path, state: str, detail: dict[str, Any] | None = None, **changes: Any) -> None:
+    """Record the job's end, unless the server recorded one first (a forced stop)."""
+    if update_status_if(directory, {"running"}, state=state, ended=now_iso(), **changes) is None:
+        log.info(
+            "the job had already ended (%s); this %s is not recorded", _state(directory), state
+        )
+        return
+    append_event(directory, {"time": now_iso(), "event": state, **(detail or {})})
+
+
+def _state(directory: Path) -> str:
+    try:
+        return read_status(directory).state
+    except (OSError, ValueError):
+        return "unknown"
+
+
+def _pump_queue(directory: Path, spec: JobSpec) -> None:
+    """Start the next queued job now that this one's slot is free."""
+    try:
+        JobManager(directory.parent.parent.parent, max_jobs=spec.max_jobs).pump()
+    except Exception:  # the job's own result is recorded already; a server pumps later
+        log.exception("could not start the next queued job")
+
+
+def _error_text(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, NitroError) else f"{type(exc).__name__}: {exc}"
+
+
 class _StoppedEarly(BaseException):  # noqa: N818 - a control-flow signal, not an error
-    """SIGTERM arrived before training started: there is no epoch to finish."""
+    """A stop was requested before training started: there is no epoch to finish."""
 
 
 class _Stop:
-    """SIGTERM before the handle exists stops at once; afterwards it asks for a graceful stop."""
+    """The stop flag. The SIGTERM handler only sets it (no exception, no lock: it may land
+    anywhere, mid-commit included); ``check`` reads it at safe points, and a watcher thread
+    hands it to the training handle as a graceful stop request."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
         self.handle_ref: Any = None
         self.requested = False
 
     def handle(self, signum: int, frame: Any) -> None:
         self.requested = True
-        if self.handle_ref is not None:
-            self.handle_ref.request_stop()
-        else:
+
+    def is_requested(self) -> bool:
+        """SIGTERM arrived, or the server set ``stop_requested`` in the job's status."""
+        if not self.requested:
+            try:
+                self.requested = read_status(self.directory).stop_requested
+            except (OSError, ValueError):
+                pass
+        return self.requested
+
+    def check(self) -> None:
+        """A safe point before training: stop now, touching nothing, when asked to."""
+        if self.is_requested():
             raise _StoppedEarly
+
+    def watch(self) -> None:
+        threading.Thread(target=self._forward, name="nitro-stop-watcher", daemon=True).start()
+
+    def _forward(self) -> None:
+        event = threading.Event()
+        while not event.wait(WATCH_S):
+            if self.handle_ref is not None and self.is_requested():
+                self.handle_ref.request_stop()  # again after train() clears it: idempotent
 
 
 def _experiment(spec: JobSpec) -> Any:
-    from nitro_core.registry import load_registry, lookup
+    from nitro_core.registry import load_registry, lookup  # lazy: examples import torch
 
     cls = lookup(load_registry(spec.experiment_modules), spec.experiment)
     return cls(**spec.overrides)
 
 
 def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], str]:
-    from nitro_core import Nitro, average_checkpoints, read_manifest
+    from nitro_core import Nitro, average_checkpoints, read_manifest  # lazy: torch
 
+    stop.check()
     if spec.kind == "average":
         saved = Path(spec.save) if spec.save else None
         update_status(directory, phase="averaging")
@@ -108,7 +168,7 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
             "averaged_from": averaged.averaged_from,
             "saved": str(saved) if saved else None,
         }
-        if spec.validate_average:
+        if spec.validate_average and not stop.is_requested():  # the average stands either way
             update_status(directory, phase="validating")
             n = Nitro(
                 _experiment(spec),
@@ -119,6 +179,7 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
             result["metrics"] = n.evaluate(spec.split)
         return result, "succeeded"
     exp = _experiment(spec)
+    stop.check()
     if spec.kind == "validate":
         update_status(directory, phase="loading")
         n = Nitro(
@@ -129,6 +190,7 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
             strict=spec.strict,
             device=spec.device,
         )
+        stop.check()
         update_status(directory, phase="validating")
         metrics = n.evaluate(spec.split)
         return {
@@ -149,9 +211,8 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
         strict=spec.strict,
         device=spec.device,
     )
+    stop.check()  # before training: the run is left as it was
     stop.handle_ref = n
-    if stop.requested:
-        n.request_stop()
     update_status(
         directory,
         phase="training",
@@ -208,8 +269,6 @@ def _warnings(caught: list[warnings.WarningMessage]) -> list[str]:
 
 
 def _hint(exc: Exception, spec: JobSpec) -> str:
-    from nitro_core.errors import CheckpointCorrupt, MonitorError, NitroError
-
     if isinstance(exc, MonitorError):
         return "Fix the metric or learning rate, then call nitro_train again with resume='auto'."
     if isinstance(exc, CheckpointCorrupt):

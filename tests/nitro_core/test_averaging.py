@@ -172,15 +172,17 @@ def test_the_run_must_still_hold_what_is_asked_for(run):
     with pytest.raises(CheckpointNotFound) as exc:
         average_checkpoints(d, "latest => Average(Last(10))")
     assert str(exc.value) == (
-        f"Cannot average 'latest => Average(Last(10))' in {str(d)!r}: run {n.run_id} kept epochs "
-        f"{kept} under keep=(Best(3), Last(5)), and Last(10) needs the last 10 epochs. Keep them "
-        "while training: Checkpointer(keep=(Best(3), Last(5), Last(10)))."
+        f"Cannot average 'latest => Average(Last(10))' in {str(d)!r}: Last(10) needs 10 points "
+        f"and the run passed 5 (run {n.run_id} holds epochs {kept}). Average fewer points, or "
+        "train the run further."
     )
-    with pytest.raises(
-        CheckpointNotFound,
-        match=r"and Epochs\(\[2, 9\]\) needs epochs 9\. Keep them while training: Checkpointer\(keep=\(Best\(3\), Last\(5\), Epochs\(\[2, 9\]\)\)\)",
-    ):
+    with pytest.raises(CheckpointNotFound) as exc:
         average_checkpoints(d, "latest => Average(Epochs([2, 9]))")
+    assert str(exc.value) == (
+        f"Cannot average 'latest => Average(Epochs([2, 9]))' in {str(d)!r}: Epochs([2, 9]) names "
+        f"epochs the run never reached (9; it ended at epoch 5) (run {n.run_id} holds epochs "
+        f"{kept}). Average fewer points, or train the run further."
+    )
     assert average_checkpoints(d, "latest => Average(Epochs(3:5))").averaged_from["epochs"] == [
         3,
         4,
@@ -248,7 +250,8 @@ def test_restore_best_average_refuses_a_keep_that_cannot_hold_it(tmp_path):
         Nitro(KeepMany(), run_dir=tmp_path, restore_best="Average(Last(10))")
     assert str(exc.value) == (
         "restore_best=Average(Last(10)) needs records that keep=(Best(3), Last(5)) does not hold at "
-        "the end of training. Keep them: Checkpointer(keep=(Best(3), Last(5), Last(10)))."
+        "the end of training (max_epochs=6). Keep them: "
+        "Checkpointer(keep=(Best(3), Last(5), Last(10)))."
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import struct
 import subprocess
@@ -43,12 +44,16 @@ def test_record_round_trips_every_dtype_and_is_plain_safetensors(tmp_path):
     path = tmp_path / "r.safetensors"
     size, sha = store.write_record(path, tensors, {"step": 3, "note": "é"})
     assert size == path.stat().st_size and sha == store.file_sha256(path)
+    raw = path.read_bytes()
+    data = raw[8 + int.from_bytes(raw[:8], "little") :]  # the data section
+    digest = "sha256-8MiB-blocks:" + hashlib.sha256(hashlib.sha256(data).digest()).hexdigest()
+    written = {"step": 3, "note": "é", "tensor_digest": digest}
     with safe_open(str(path), framework="pt") as f:
-        assert json.loads(f.metadata()["nitro"]) == {"step": 3, "note": "é"}
+        assert json.loads(f.metadata()["nitro"]) == written
         for name, t in tensors.items():
             assert f.get_tensor(name).dtype == t.dtype and torch.equal(f.get_tensor(name), t)
     loaded, meta = store.read_record(path, sha)
-    assert meta == {"step": 3, "note": "é"} and loaded.keys() == tensors.keys()
+    assert meta == written and loaded.keys() == tensors.keys()
 
 
 def test_tree_codec_keeps_int_keys_tuples_and_tensors():
@@ -96,7 +101,8 @@ def test_checkpoint_info_reads_the_header_only(tmp_path):
         (n,) = struct.unpack("<Q", f.read(8))
         f.seek(8 + n)
         f.write(b"\xff" * 4000)
-    assert checkpoint_info(path) == {"epoch": 2}
+    meta = checkpoint_info(path)
+    assert meta.pop("tensor_digest").startswith("sha256-8MiB-blocks:") and meta == {"epoch": 2}
 
 
 def test_checkpoint_info_refuses_a_truncated_record_naming_it(tmp_path):

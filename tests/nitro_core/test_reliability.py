@@ -26,6 +26,7 @@ from nitro_core import (
     Last,
     MonitorError,
     Nitro,
+    NitroWarning,
     TensorBatches,
     checkpoint_info,
     read_manifest,
@@ -188,6 +189,8 @@ def test_sigkill_during_record_writes_leaves_a_consistent_manifest(tmp_path, wor
     last = read_manifest(run_dir)[-1]
     assert last.epoch > before, f"final entry at epoch {last.epoch}, before it {before}"
     assert (last.epoch, last.stop_reason) == (before + 2, "completed")
+    stale = sorted(p.name for p in run_dir.iterdir() if ".stale" in p.name)
+    assert not stale, f"leftovers of dead writers were not reclaimed: {stale}"
     shutil.rmtree(run_dir)  # ~1 GB of records and set-aside leftovers
 
 
@@ -404,3 +407,52 @@ def test_truncated_and_bitflipped_records_raise_checkpoint_corrupt(tmp_path):
         with pytest.raises(CheckpointCorrupt) as err:
             Nitro(exp, run_dir=run_dir, resume="auto")
         assert str(latest) in str(err.value), f"{corrupt.__name__}: {err.value}"
+
+
+# -- 6. leftovers of a killed writer are reclaimed ----------------------------------------------
+def _unlisted(run_dir: Path) -> dict[str, int]:
+    """Record files (final or .tmp) no manifest entry lists -> their size."""
+    listed = (
+        {e.file for e in read_manifest(run_dir)} if (run_dir / "manifest.json").exists() else set()
+    )
+    return {
+        p.name: p.stat().st_size
+        for p in run_dir.iterdir()
+        if p.name.endswith((".safetensors", ".safetensors.tmp")) and p.name not in listed
+    }
+
+
+def test_leftovers_of_a_killed_writer_are_reclaimed_once_it_is_dead(tmp_path, workers):
+    from ._worker import BigRecords
+
+    run_dir, ready = tmp_path / "run", tmp_path / "ready"
+    proc = workers.start(
+        "killed", run_dir, "--experiment", "big", "--resume", "false", "--ready", ready
+    )
+    workers.wait_ready(proc, ready, "writer")
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while not any(p.stat().st_size for p in run_dir.glob("*.safetensors.tmp")):
+        assert proc.poll() is None, workers.output(proc)
+        assert time.monotonic() < deadline, "no record write started"
+        time.sleep(0.001)
+    workers.kill(proc, "writer")  # mid-write: its .tmp (or an unlisted record) stays behind
+    left = _unlisted(run_dir)
+    assert left, "the kill left nothing behind"
+    epoch = read_manifest(run_dir)[-1].epoch if (run_dir / "manifest.json").exists() else 0
+
+    torch.set_num_threads(1)
+    with pytest.warns(
+        NitroWarning
+    ) as caught:  # the next write sets it aside, the one after reclaims it
+        n = Nitro(BigRecords(max_epochs=epoch + 2), run_dir=run_dir, resume="auto").train()
+    n.logger.close()
+    messages = [str(w.message) for w in caught]
+    reclaimed = [m for m in messages if m.startswith("Reclaimed ")]
+    assert reclaimed == [
+        f"Reclaimed {sum(left.values())} bytes in {str(run_dir)!r}: removed {len(left)} leftover "
+        f"file(s) of interrupted writes ("
+        + ", ".join(repr(name + ".stale") for name in sorted(left))
+        + "), which no manifest lists and no live process holds."
+    ], messages
+    assert not [p.name for p in run_dir.iterdir() if ".stale" in p.name or p.name.endswith(".tmp")]
+    assert not manifest_problems(run_dir)

@@ -74,3 +74,14 @@ def test_explain_reads_the_recorded_keep_back_with_the_grammar(tmp_path):
     assert set(why) == {e.file for e in entries}
     assert all(reasons for reasons in why.values())
     assert "Last(3)" in why[entries[-1].file]
+
+
+def test_retention_under_mode_max_keeps_the_highest_scores():
+    scores = [0.5, 0.9, 0.1, 0.7]
+    entries = [entry(i + 1, s, metric="acc", mode="max") for i, s in enumerate(scores)]
+    p = plan(entries, Checkpointer(keep=Best(2)), "r1", ("acc", "max"))
+    assert p.keep == {
+        "e2-r1.safetensors": ("Best(2): #1 by acc (max)",),
+        "e4-r1.safetensors": ("Best(2): #2 by acc (max)",),
+    }
+    assert sorted(p.delete) == ["e1-r1.safetensors", "e3-r1.safetensors"]

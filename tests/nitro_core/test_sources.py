@@ -35,6 +35,13 @@ ACCEPTED = [
     ("latest => Average(Epochs(3:7))", Pair(LATEST, Average(Epochs(range(3, 8))))),
     ("latest => Average(Epochs([2, 4, 6]))", Pair(LATEST, Average(Epochs([2, 4, 6])))),
     ("latest => Average(Epochs(5))", Pair(LATEST, Average(Epochs(5)))),
+    ("latest => Average(Epochs(3:3))", Pair(LATEST, Average(Epochs(3)))),  # a one-epoch range
+    ("latest => Average(Epochs(1:100000))", Pair(LATEST, Average(Epochs(range(1, 100_001))))),
+    ("latest => Average(Epochs(1000000))", Pair(LATEST, Average(Epochs(1_000_000)))),
+    ("latest => Average(Epochs([3, 1000000]))", Pair(LATEST, Average(Epochs([3, 1_000_000])))),
+    ("latest => Average(Last(100000))", Pair(LATEST, Average(Last(100_000)))),
+    ("latest => Average(Best(0007))", Pair(LATEST, Average(Best(7)))),
+    ("latest => Average(Every(1000000))", Pair(LATEST, Average(Every(1_000_000)))),
     (
         "a1b2c3d4 => Average(Epochs(8:10))",
         Pair(RunRef("id", "a1b2c3d4"), Average(Epochs(range(8, 11)))),
@@ -52,6 +59,11 @@ ACCEPTED = [
 @pytest.mark.parametrize(("text", "expected"), ACCEPTED)
 def test_accepted_sources_parse_to_their_structure(text, expected):
     assert parse_source(text) == expected
+
+
+COUNT = "a positive integer up to 100000 (the most records a selector picks)"
+EPOCH = "an epoch number from 1 to 1000000 (a run holds at most 1000000 epochs)"
+DEEP = "latest => Average(" + "Best(1;among=" * 33 + "Last(1)" + ")" * 34  # 33 among= levels
 
 
 def _syntax(pos: int, found: str, expected: str, text: str) -> str:
@@ -73,11 +85,11 @@ REJECTED = [
     ("latest =>", _syntax(9, "the end of the text", "best, latest or Average(...)", "latest =>")),
     (
         "latest => Average(Last(-1))",
-        _syntax(23, "'-1'", "a positive integer up to 1000000000", "latest => Average(Last(-1))"),
+        _syntax(23, "'-1'", COUNT, "latest => Average(Last(-1))"),
     ),
     (
         "latest => Average(Last(0))",
-        _syntax(23, "'0'", "a positive integer up to 1000000000", "latest => Average(Last(0))"),
+        _syntax(23, "'0'", COUNT, "latest => Average(Last(0))"),
     ),
     ("__import__('os').system('x')", _syntax(10, "'('", "'=>'", "__import__('os').system('x')")),
     (
@@ -91,9 +103,52 @@ REJECTED = [
     (
         "latest => Average(Epochs(7:3))",
         _syntax(
-            28, "')'", "a range whose end is at least its start 7", "latest => Average(Epochs(7:3))"
+            27, "'3'", "a range whose end is at least its start 7", "latest => Average(Epochs(7:3))"
         ),
     ),
+    (
+        "latest => Average(Epochs(1:30000000))",
+        _syntax(27, "'30000000'", EPOCH, "latest => Average(Epochs(1:30000000))"),
+    ),
+    (
+        "latest => Average(Epochs(1:100001))",
+        _syntax(
+            27,
+            "'100001'",
+            "a range of at most 100000 epochs, e.g. 1:100000",
+            "latest => Average(Epochs(1:100001))",
+        ),
+    ),
+    (
+        "latest => Average(Epochs([2, 1000001]))",
+        _syntax(29, "'1000001'", EPOCH, "latest => Average(Epochs([2, 1000001]))"),
+    ),
+    (
+        "latest => Average(Epochs(0:3))",
+        _syntax(25, "'0'", EPOCH, "latest => Average(Epochs(0:3))"),
+    ),
+    (
+        "latest => Average(Last(100001))",
+        _syntax(23, "'100001'", COUNT, "latest => Average(Last(100001))"),
+    ),
+    (
+        "latest => Average(Best(100001; among=Last(3)))",
+        _syntax(23, "'100001'", COUNT, "latest => Average(Best(100001; among=Last(3)))"),
+    ),
+    (
+        "latest => Average(Every(1000001))",
+        _syntax(
+            24,
+            "'1000001'",
+            "a period from 1 to 1000000 epochs",
+            "latest => Average(Every(1000001))",
+        ),
+    ),
+    (
+        "latest => Average(Last(" + "9" * 60 + "))",
+        _syntax(23, repr("9" * 37 + "..."), COUNT, "latest => Average(Last(" + "9" * 60 + "))"),
+    ),
+    (DEEP, _syntax(18 + 13 * 32, "'Best'", "a selector nested at most 32 deep in among=", DEEP)),
     (
         "latest => Average(Last(2), weights=x)",
         _syntax(
@@ -207,5 +262,7 @@ def test_sources_print_back_in_the_grammar():
         "latest => best",
         "a1b2 => Average(Best(5; among=Last(20)))",
         "latest => Average(Epochs(3:7), state=best)",
+        "latest => Average(Epochs(3:3))",
+        "latest => Average(Epochs([4, 2]))",
     ):
         assert str(parse_source(text)) == text

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+from pydantic import PrivateAttr
 
 from nitro_core import Best, Checkpointer, Experiment, Host, Last, TensorBatches
+from nitro_core.sources import parse_keep
 
 
 class Tiny(Experiment):
@@ -57,3 +59,26 @@ class WithAcc(Tiny):
 class BestOnly(Tiny):
     def checkpointer(self):
         return Checkpointer(keep=Best(2))
+
+
+class Scripted(Tiny):
+    """Validation reports ``scores[epoch - 1]`` as 'score' (min), so a test decides which
+    epochs Best keeps; ``keep`` is the checkpointer's keep, as its text."""
+
+    scores: tuple[float, ...] = (5.0, 1.0, 4.0, 2.0, 3.0, 6.0)
+    keep: str = "(Best(2), Last(1))"
+    max_epochs: Host[int] = 6
+    _calls: list[int] = PrivateAttr(default_factory=list)
+
+    def finalize_metrics(self, totals, split):
+        self._calls.append(1)
+        return {"score": self.scores[(len(self._calls) - 1) % len(self.scores)]}
+
+    def metrics(self, model, batch):
+        return {"n": (1, 1)}
+
+    def monitor(self):
+        return ("score", "min")
+
+    def checkpointer(self):
+        return Checkpointer(keep=parse_keep(self.keep))

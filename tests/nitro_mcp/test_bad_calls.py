@@ -40,7 +40,7 @@ BAD_CALLS = [
      "Cannot parse source \"__import__('os').system('x')\": at position 10 found '(', expected '=>'. Write a pair such "
      "as 'latest => best' or 'latest => Average(Last(10))', or a path ending in .safetensors."),
     ("nitro_train", {"experiment": "Regression", "restore_best": "Average(Last(0))"},
-     "Cannot parse source 'Average(Last(0))': at position 13 found '0', expected a positive integer up to 1000000000. "
+     "Cannot parse source 'Average(Last(0))': at position 13 found '0', expected a positive integer up to 100000 (the most records a selector picks). "
      "Write restore_best as true, false or an average such as 'Average(Last(10))'."),
     ("nitro_train", {"experiment": "Regression", "restore_optimizer": True},
      "restore_optimizer=True needs weights=...: it takes the optimizer state of the checkpoint weights= names. Write "
@@ -74,7 +74,7 @@ BAD_CALLS = [
     ("nitro_train", {"experiment": "Regression", "seed": 2**80},
      "seed=1208925819614629174706176 is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."),
     ("nitro_train", {"experiment": "Classifier", "restore_best": "Average(Last(10))"},
-     "restore_best=Average(Last(10)) needs records that keep=(Best(3), Last(3)) does not hold at the end of training. "
+     "restore_best=Average(Last(10)) needs records that keep=(Best(3), Last(3)) does not hold at the end of training (max_epochs=6). "
      "Keep them: Checkpointer(keep=(Best(3), Last(3), Last(10)))."),
     ("average", {"run_dir": "runs/none", "save": "runs/avg"},
      "save='runs/avg' must name a .safetensors file, e.g. 'runs/Classifier/avg10.safetensors'."),

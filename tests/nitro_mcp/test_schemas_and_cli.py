@@ -67,7 +67,7 @@ def test_cli_train_runs_info_manifest_and_average(tmp_path, capsys):
     assert main(["average", run, "--source", "latest => Average(Last(2))"]) == 0
     assert json.loads(capsys.readouterr().out)["averaged_from"]["epochs"] == [1, 2]
     assert main(["average", run, "--source", "latest => Average(Last(5))"]) == 1
-    assert "Last(5) needs the last 5 epochs" in capsys.readouterr().err
+    assert "Last(5) needs 5 points and the run passed 2" in capsys.readouterr().err
     assert main(["validate", "Regression", "--run-dir", run, "--set", "samples=128"]) == 0
     assert '"loss"' in capsys.readouterr().out
 

@@ -1,0 +1,112 @@
+"""Opening the files Nitro keeps in a run directory without following a link out of it;
+inter-process lock files; the free-space figures a commit checks first.
+
+A run directory may itself be a symbolic link (the user's choice), but Nitro follows no
+link inside it: the final component of every file it creates or reads there (a record's
+``.tmp``, ``manifest.json`` and its ``.tmp``, lock files, logs) is opened with
+``O_NOFOLLOW``, and a subdirectory it writes into (``logs/``) must resolve inside the run
+directory. Either refusal is an :class:`UnsafePath` naming the path and what to do.
+Nothing here reads file contents into an error message.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from nitro_core.errors import DiskFull, UnsafePath
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def link_refusal(path: Path) -> UnsafePath:
+    return UnsafePath(
+        f"Refusing to open {str(path)!r}: it is a symbolic link, and Nitro never follows a link "
+        "for a file it keeps in a run directory (it could lead outside it). Replace the link by "
+        "the real file, or remove it."
+    )
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that refuses (:class:`UnsafePath`) when the last component is a link."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise link_refusal(Path(path)) from None
+        raise
+
+
+def confined_dir(base: Path, sub: Path) -> Path:
+    """Create ``sub`` (a directory below ``base``) when missing; refuse one that is a link
+    leading outside ``base`` (compared as resolved paths, never as string prefixes)."""
+    base, sub = Path(base), Path(sub)
+    if not os.path.lexists(sub):
+        sub.mkdir(parents=True, exist_ok=True)
+    real = sub.resolve()
+    if not real.is_relative_to(base.resolve()) or not real.is_dir():
+        raise UnsafePath(
+            f"Refusing to write into {str(sub)!r}: it is a link that leads outside the run "
+            f"directory {str(base)!r}, and Nitro writes only inside it. Replace the link by a "
+            "real directory, or remove it."
+        )
+    return sub
+
+
+@contextmanager
+def flocked(path: Path, blocking: bool = True) -> Iterator[bool]:
+    """Hold an exclusive ``flock`` on the lock file ``path`` (created, never truncated, never
+    followed through a link) for the block. Yields False, holding nothing, when
+    ``blocking`` is False and another open file holds it."""
+    fd = open_nofollow(path, os.O_CREAT | os.O_RDWR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # also drops the lock
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename (or link, or unlink) in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged writer may still use on ``directory``'s file system."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in _FULL
+
+
+def require_room(path: Path, needed: int, detail: str = "") -> None:
+    """Refuse (:class:`DiskFull`) to write ``path`` when its directory has under ``needed``
+    bytes free; ``detail`` says what the bytes are for."""
+    free = free_bytes(path.parent)
+    if free < needed:
+        raise no_room(path, needed, free, detail)
+
+
+def no_room(path: Path, needed: int, free: int, detail: str = "") -> DiskFull:
+    """The error for a write of ``path`` that needs ``needed`` bytes with ``free`` left; the
+    caller removes the partial file before it raises this."""
+    return DiskFull(
+        f"No room left in {str(path.parent)!r} to commit {path.name!r}: it needs {needed} "
+        f"bytes{detail}, {free} are free. Nothing was committed: every file that was there (the "
+        "manifest and each record it lists) is as it was, and the partial file was removed. "
+        "Free space on that disk and write again (a training run resumes with resume='auto')."
+    )

@@ -1,0 +1,141 @@
+"""What a selector names in one run's history, and whether a keep can hold it: pure
+decisions over manifest points and entries.
+
+A run passes a *point* at every epoch end, written or not; the manifest records them all.
+An ``Average``'s selector names points of that history, not of what survived retention:
+``Last(k)`` is the run's last ``k`` points, ``Best(k)`` its best ``k`` ever scored under the
+ranking pair (``among=`` first narrows the history), ``Every(n)`` and ``Epochs(...)`` the
+epoch ends whose epoch they name. The run must still hold every point named;
+:func:`select` says which entries those are, which are gone, or why the run has too few.
+:func:`keep_holds` answers the setup question for ``restore_best=Average(...)``: will a
+keep still hold, at the end of training, everything the selector will name?
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nitro_core.manifest import ManifestEntry, Point
+from nitro_core.selectors import Best, Epochs, Every, Last, Mode, Selector, ranked
+
+Pair = tuple[str | None, Mode | None]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The points a selector names, the entries holding them, and what is missing."""
+
+    named: tuple[Point, ...]
+    picked: tuple[ManifestEntry, ...]  # the entries of the named points, oldest first
+    gone: tuple[Point, ...]  # named points whose record the run no longer holds
+    shortfall: str  # '' or why the run's history is too short for the selector
+
+
+def history(points: Sequence[Point], entries: Sequence[ManifestEntry]) -> list[Point]:
+    """A run's points, oldest first; for a run recorded before points were kept, its
+    entries stand in for them."""
+    if points:
+        return list(points)
+    return [
+        Point(epoch=e.epoch, step=e.step, score=e.score, metric=e.metric, mode=e.mode)
+        for e in entries
+    ]
+
+
+def select(
+    sel: Selector, points: Sequence[Point], entries: Sequence[ManifestEntry], pair: Pair
+) -> Selection:
+    """What ``sel`` names in a run's ``points`` and which of ``entries`` (the run's own)
+    hold it."""
+    named, shortfall = name_points(sel, points, pair)
+    held = {(e.epoch, e.step): e for e in entries}
+    picked = tuple(held[(p.epoch, p.step)] for p in named if (p.epoch, p.step) in held)
+    gone = tuple(p for p in named if (p.epoch, p.step) not in held)
+    return Selection(tuple(named), picked, gone, shortfall)
+
+
+def name_points(sel: Selector, points: Sequence[Point], pair: Pair) -> tuple[list[Point], str]:
+    """(the points ``sel`` names, '' or why the history is too short for it)."""
+    last = points[-1].epoch if points else 0
+    if isinstance(sel, Last):
+        if len(points) < sel.k:
+            return list(points), f"{sel} needs {sel.k} points and the run passed {len(points)}"
+        return list(points[-sel.k :]), ""
+    if isinstance(sel, Every):
+        named = [p for p in points if p.epoch % sel.n == 0]
+        short = "" if named else f"{sel} names no epoch the run reached (it ended at epoch {last})"
+        return named, short
+    if isinstance(sel, Epochs):
+        beyond = [e for e in sel.epochs if e > last]
+        named = [p for p in points if p.epoch in sel]  # arithmetic for a range
+        short = (
+            f"{sel} names epochs the run never reached ({_epochs(beyond)}; it ended at epoch "
+            f"{last})"
+            if beyond
+            else ""
+        )
+        return named, short
+    among, short = (list(points), "") if sel.among is None else name_points(sel.among, points, pair)
+    if short:
+        return [], short
+    scored = [p for p in among if p.pair == pair and p.score is not None]
+    if len(scored) < sel.k:
+        metric, mode = pair
+        where = "" if sel.among is None else f" among {sel.among}"
+        return scored, (
+            f"{sel} needs {sel.k} points scored by {metric} ({mode}){where} and the run has "
+            f"{len(scored)}"
+        )
+    best = {id(p) for p in ranked(scored, mode=pair[1], k=sel.k)}  # type: ignore[arg-type]
+    return [p for p in scored if id(p) in best], ""
+
+
+def keep_holds(keep: Sequence[Selector], sel: Selector, last_epoch: int) -> bool:
+    """Whether ``keep`` still holds, after epoch ``last_epoch``, every point ``sel`` will name
+    for any scores the run may see. Epochs past ``last_epoch`` are the end-of-training
+    warning's business, not a refusal."""
+    everything = range(1, last_epoch + 1)
+    if isinstance(sel, Best):
+        if sel.among is not None:
+            return _holds_epochs(keep, _epochs_named(sel.among, last_epoch), last_epoch)
+        if any(isinstance(s, Best) and s.k >= sel.k for s in keep):
+            return True
+        return _holds_epochs(keep, everything, last_epoch)
+    return _holds_epochs(keep, _epochs_named(sel, last_epoch), last_epoch)
+
+
+def _epochs_named(sel: Selector, last_epoch: int) -> list[int]:
+    """The epochs a Last/Every/Epochs (or Best's ``among``) can name in a run of
+    ``last_epoch`` epochs; a Best can name any of them."""
+    if isinstance(sel, Last):
+        return list(range(max(1, last_epoch - sel.k + 1), last_epoch + 1))
+    if isinstance(sel, Every):
+        return list(range(sel.n, last_epoch + 1, sel.n))
+    if isinstance(sel, Epochs):
+        return [e for e in sel.epochs if e <= last_epoch]
+    return _epochs_named(sel.among, last_epoch) if sel.among else list(range(1, last_epoch + 1))
+
+
+def _holds_epochs(keep: Sequence[Selector], epochs: Sequence[int], last_epoch: int) -> bool:
+    """Whether ``keep`` keeps each of ``epochs`` whatever the scores (Best guarantees none)."""
+
+    def kept(e: int) -> bool:
+        return any(
+            (isinstance(s, Last) and e > last_epoch - s.k)
+            or (isinstance(s, Every) and e % s.n == 0)
+            or (isinstance(s, Epochs) and e in s.epochs)
+            for s in keep
+        )
+
+    return all(kept(e) for e in epochs)
+
+
+def _epochs(epochs: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, epochs[:limit]))
+    return shown + (f" and {len(epochs) - limit} more" if len(epochs) > limit else "")
+
+
+def describe_epochs(epochs: Sequence[int]) -> str:
+    """'2, 4, 6' (bounded) for messages."""
+    return _epochs(list(epochs)) or "none"

@@ -1,0 +1,290 @@
+"""Every record is checked when it is read, listed or not: the manifest's sha256 covers a
+listed record byte for byte, and the ``tensor_digest`` in every header covers the tensor
+bytes of the records no manifest lists (saved averages, exports). Exports load back as
+weights. The commit protocol's directory fsync, and averaging's offsets past 4 MB."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from nitro_core import (
+    CheckpointCorrupt,
+    Checkpointer,
+    ConfigError,
+    Last,
+    Nitro,
+    ResumeRefused,
+    average_checkpoints,
+    checkpoint_info,
+    export_weights,
+    read_manifest,
+    store,
+)
+
+from .tiny import KeepLast, Tiny
+
+
+class KeepThree(Tiny):
+    def checkpointer(self):
+        return Checkpointer(keep=Last(3))
+
+
+def data_section(path: Path) -> bytes:
+    raw = path.read_bytes()
+    return raw[8 + int.from_bytes(raw[:8], "little") :]
+
+
+def flip_a_data_bit(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    raw[(header_end + len(raw)) // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def by_hand(data: bytes) -> str:
+    """The tensor digest as its definition reads: sha256 over the sha256 of each 8 MiB block."""
+    block = 8 * 1024 * 1024
+    digests = b"".join(
+        hashlib.sha256(data[i : i + block]).digest() for i in range(0, len(data), block)
+    )
+    return "sha256-8MiB-blocks:" + hashlib.sha256(digests).hexdigest()
+
+
+def digest_refusal(path: Path) -> str:
+    actual = by_hand(data_section(path)).split(":")[1]
+    recorded = checkpoint_info(path)["tensor_digest"].split(":")[1]
+    return (
+        f"Checkpoint {str(path)!r} is corrupt: its tensor bytes digest to "
+        f"sha256-8MiB-blocks:{actual[:16]}..., its header recorded "
+        f"sha256-8MiB-blocks:{recorded[:16]}... when it was written. Load another checkpoint "
+        "or restore this file from a backup."
+    )
+
+
+@pytest.fixture
+def run(tmp_path):
+    d = tmp_path / "run"
+    n = Nitro(KeepThree(max_epochs=3), run_dir=d).train()
+    n.logger.close()
+    return n, d
+
+
+# -- the digest in every header ------------------------------------------------------------------
+def test_every_record_nitro_writes_carries_the_digest_of_its_tensor_bytes(run, tmp_path):
+    n, d = run
+    avg, export = tmp_path / "avg.safetensors", tmp_path / "export.safetensors"
+    average_checkpoints(d, "latest => Average(Last(3))", save=avg)
+    export_weights(n, export)
+    for path in [d / e.file for e in read_manifest(d)] + [avg, export]:
+        assert checkpoint_info(path)["tensor_digest"] == by_hand(data_section(path)), path.name
+
+
+@pytest.mark.parametrize("kind", ["average", "export"])
+def test_a_bitflipped_record_outside_the_manifest_is_refused_when_loaded(run, tmp_path, kind):
+    n, d = run
+    path = tmp_path / f"{kind}.safetensors"
+    if kind == "average":
+        average_checkpoints(d, "latest => Average(Last(3))", save=path)
+    else:
+        export_weights(n, path)
+    flip_a_data_bit(path)
+    with pytest.raises(CheckpointCorrupt) as exc:
+        Nitro(KeepThree(), run_dir=tmp_path / "other", weights=str(path))
+    assert str(exc.value) == digest_refusal(path)
+    with pytest.raises(CheckpointCorrupt) as exc:
+        store.read_record(path)
+    assert str(exc.value) == digest_refusal(path)
+
+
+def test_a_record_written_before_the_digest_still_loads(run, tmp_path):
+    n, d = run
+    source = d / read_manifest(d)[-1].file
+    tensors, meta = store.read_record(source)
+    del meta["tensor_digest"]
+    old = tmp_path / "old.safetensors"
+    save_file(tensors, str(old), metadata={"nitro": json.dumps(meta)})
+    w = Nitro(KeepThree(), run_dir=tmp_path / "other", weights=str(old))
+    w.logger.close()
+    for k, v in n.model.state_dict().items():
+        assert torch.equal(w.model.state_dict()[k], v), k
+
+
+# -- listed records: the manifest's sha256, in averaging too -------------------------------------
+def _change_the_seed_in_the_header(path: Path) -> None:
+    """Alter the header, not the tensor bytes: only the whole-file sha256 can tell."""
+    raw = path.read_bytes()
+    assert raw.count(b'\\"seed\\":0') == 1 or raw.count(b'"seed":0') == 1
+    old = b'\\"seed\\":0' if b'\\"seed\\":0' in raw else b'"seed":0'
+    path.write_bytes(raw.replace(old, old[:-1] + b"1"))
+
+
+def test_averaging_checks_each_listed_record_against_the_manifest_sha256(run):
+    _, d = run
+    entry = read_manifest(d)[0]
+    path = d / entry.file
+    _change_the_seed_in_the_header(path)
+    actual = store.file_sha256(path)
+    with pytest.raises(CheckpointCorrupt) as exc:
+        average_checkpoints(d, "latest => Average(Last(3))")
+    assert str(exc.value) == (
+        f"Checkpoint {str(path)!r} is corrupt: its sha256 is {actual[:16]}..., the manifest "
+        f"recorded {entry.sha256[:16]}... when it was written. Load another checkpoint "
+        "(read_manifest lists them) or restore this file from a backup."
+    )
+
+
+def test_bytes_appended_after_a_records_end_are_refused(run):
+    _, d = run
+    entry = read_manifest(d)[-1]
+    path = d / entry.file
+    with open(path, "ab") as f:
+        f.write(b"\0" * 16)
+    expected = f"Checkpoint {str(path)!r} has bytes past the end its header describes."
+    with pytest.raises(CheckpointCorrupt) as exc:
+        store.read_record(path)  # no sha256: the tensor digest alone would pass
+    assert str(exc.value) == expected
+    with pytest.raises(CheckpointCorrupt) as exc:
+        average_checkpoints(d, "latest => Average(Last(3))")
+    assert str(exc.value) == expected
+
+
+# -- averaging tensors larger than a streamed piece ---------------------------------------------
+BIG = 1_500_001  # float32: 6 MB, so one tensor spans two 4 MB pieces and a tail
+
+
+class _WithBig(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+        self.big = torch.nn.Parameter(torch.linspace(-1.0, 1.0, BIG))
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+class BigParam(KeepThree):
+    def build_model(self):
+        return _WithBig()
+
+    def loss(self, model, batch):
+        return super().loss(model, batch) + model.big.pow(2).mean()
+
+
+def test_averaging_tensors_over_4_mb_equals_a_straightforward_mean(tmp_path):
+    Nitro(BigParam(max_epochs=3), run_dir=tmp_path).train().logger.close()
+    paths = [tmp_path / e.file for e in read_manifest(tmp_path)]
+    assert len(paths) == 3
+    result = average_checkpoints(tmp_path, "latest => Average(Last(3))")
+    for key in ("big", "linear.weight"):
+        total = None
+        for p in paths:
+            with safe_open(str(p), framework="pt") as f:
+                t = f.get_tensor(f"params/{key}").to(torch.float64)
+            total = t if total is None else total + t
+        expected = (total / 3).to(torch.float32)
+        assert torch.equal(result.state[key], expected), key
+    first = safe_open(str(paths[0]), framework="pt").get_tensor("params/big")
+    assert not torch.equal(result.state["big"], first)  # the epochs differ: a real average
+    data = data_section(paths[0])
+    assert len(data) > 2 * 8 * 1024 * 1024  # several digest blocks, the last one partial
+    assert checkpoint_info(paths[0])["tensor_digest"] == by_hand(data)
+    assert torch.equal(store.read_record(paths[0])[0]["params/big"], first)  # checked as read
+
+
+# -- the commit protocol ---------------------------------------------------------------------------
+def test_a_record_commit_fsyncs_the_directory_right_after_the_rename(tmp_path, monkeypatch):
+    events: list[tuple[str, str]] = []
+    real_replace, real_fsync_dir = os.replace, store.fsync_dir
+
+    def replace(src, dst):
+        events.append(("rename", Path(dst).name))
+        real_replace(src, dst)
+
+    def fsync_dir(directory):
+        events.append(("fsync_dir", str(directory)))
+        real_fsync_dir(directory)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(store, "fsync_dir", fsync_dir)
+    Nitro(KeepThree(max_epochs=1), run_dir=tmp_path).train().logger.close()
+    record = read_manifest(tmp_path)[0].file
+    at = events.index(("rename", record))
+    assert events[at + 1] == ("fsync_dir", str(tmp_path)), events
+
+
+# -- exports load back as weights -----------------------------------------------------------------
+def test_an_export_loads_back_as_weights_with_identical_parameters(run, tmp_path):
+    n, d = run
+    out = tmp_path / "export.safetensors"
+    export_weights(n, out)
+    w = Nitro(KeepThree(), run_dir=tmp_path / "new", weights=str(out))
+    w.logger.close()
+    assert w.checkpoint_source == out
+    state = n.model.state_dict()
+    assert w.model.state_dict().keys() == state.keys()
+    for k, v in w.model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    from_source = tmp_path / "best.safetensors"
+    export_weights("latest => best", from_source, run_dir=d)
+    Nitro(KeepThree(), run_dir=tmp_path / "new2", weights=str(from_source)).logger.close()
+
+
+def test_an_export_refuses_resume_and_restore_optimizer_saying_what_to_write(run, tmp_path):
+    n, _ = run
+    out = tmp_path / "export.safetensors"
+    export_weights(n, out)
+    with pytest.raises(ResumeRefused) as exc:
+        Nitro(KeepThree(), run_dir=tmp_path / "new", resume=str(out))
+    assert str(exc.value) == (
+        f"Cannot resume {str(out)!r}: it holds weights only, no optimizer state, step or RNG. "
+        f"Start a new run from it with weights={str(out)!r}."
+    )
+    with pytest.raises(ConfigError) as exc:
+        Nitro(KeepThree(), run_dir=tmp_path / "new", weights=str(out), restore_optimizer=True)
+    assert str(exc.value) == (
+        f"restore_optimizer=True, but {str(out)!r} holds weights only (an export or an "
+        "average), no optimizer state. Drop restore_optimizer to load its weights with a fresh "
+        "optimizer."
+    )
+
+
+def test_the_manifest_bytes_are_fsynced_before_the_rename_publishes_them(tmp_path, monkeypatch):
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.fstat(fd).st_ino))
+        return real_fsync(fd)
+
+    def replace(src, dst, *args, **kwargs):
+        events.append(("replace", os.stat(src).st_ino))
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    with store.manifest_lock(tmp_path):
+        store.save_manifest_json(tmp_path, {"format": "nitro-manifest/1", "entries": []})
+    inode = (tmp_path / store.MANIFEST_NAME).stat().st_ino
+    assert ("replace", inode) in events
+    assert ("fsync", inode) in events[: events.index(("replace", inode))]
+
+
+def test_a_resume_checks_its_record_against_the_manifest_sha256(tmp_path):
+    Nitro(KeepLast(), run_dir=tmp_path).train()
+    path = tmp_path / store.MANIFEST_NAME
+    data = json.loads(path.read_text())
+    data["entries"][-1]["sha256"] = "f" * 64  # the file no longer matches what was listed
+    path.write_text(json.dumps(data))
+    latest = tmp_path / read_manifest(tmp_path)[-1].file
+    with pytest.raises(CheckpointCorrupt) as exc:
+        Nitro(KeepLast(), run_dir=tmp_path, resume="auto")
+    assert str(latest) in str(exc.value)
+    assert "the manifest recorded ffffffffffffffff..." in str(exc.value)
