@@ -79,8 +79,9 @@ def child(variant: str, run_dir: Path, n: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from nitro_core import manifest, store
     from nitro_core.averaging import average_checkpoints
+    from nitro_core.store import manifest
+    from nitro_core.store import recordio as store
 
     files = [run_dir / e.file for e in manifest.read_manifest(run_dir)][-n:]
     try:
@@ -132,8 +133,11 @@ def build(run_dir: Path, n: int, mb: int, layers: int) -> tuple[int, int]:
     """Write ``n`` records and their manifest; returns (record bytes, largest tensor bytes)."""
     import torch
 
-    from nitro_core import checkpointing, manifest, records, store
-    from nitro_core.manifest import ManifestEntry
+    from nitro_core.state import records
+    from nitro_core.store import manifest
+    from nitro_core.store import recordio as store
+    from nitro_core.store.manifest import ManifestEntry
+    from nitro_core.training import checkpointing
 
     d = int((mb * MB / 4 / layers) ** 0.5)
     model = torch.nn.Sequential(*(torch.nn.Linear(d, d) for _ in range(layers)))

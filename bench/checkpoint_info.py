@@ -28,7 +28,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from nitro_core import checkpoint_info, records, rng, store
+from nitro_core import checkpoint_info
+from nitro_core.state import records, rng
+from nitro_core.store import recordio as store
 
 TARGET_MS = 10.0
 BLOCKS = 96

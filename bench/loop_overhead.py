@@ -25,7 +25,12 @@ import time
 
 import torch
 
-from nitro_core import Experiment, Nitro, NullLogger, TensorBatches
+from nitro_core import (
+    Experiment,
+    Nitro,
+    NullLogger,
+    TensorBatches,
+)
 
 TARGET = 1.05
 

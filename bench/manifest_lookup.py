@@ -33,7 +33,8 @@ TARGET_MS = 100.0
 
 
 def build(run_dir: Path, n: int, runs: int = 8) -> None:
-    from nitro_core import manifest, store
+    from nitro_core.store import manifest
+    from nitro_core.store import recordio as store
 
     rnd = random.Random(0)
     per_run = -(-n // runs)
@@ -64,7 +65,7 @@ def build(run_dir: Path, n: int, runs: int = 8) -> None:
 def lookup(run_dir: Path) -> dict[str, float]:
     """One lookup, in milliseconds per step."""
     from nitro_core import Best, read_manifest
-    from nitro_core.selectors import pick, ranked
+    from nitro_core.policy.selectors import pick, ranked
 
     t0 = time.perf_counter()
     entries = read_manifest(run_dir)

@@ -1,4 +1,4 @@
-"""Record write bandwidth: ``nitro_core.store.write_record`` against plain file writes.
+"""Record write bandwidth: ``nitro_core.store.recordio.write_record`` against plain file writes.
 
 Writes a ~256 MB dict of tensors (four large float32 tensors plus some small float32,
 bfloat16 and int64 ones) with small metadata through ``write_record`` (streaming writer,
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from nitro_core import store
+from nitro_core.store import recordio as store
 
 TARGET = 0.7
 

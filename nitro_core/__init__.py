@@ -1,38 +1,121 @@
 """Nitro core: experiments, the training loop, trustworthy checkpoint records, keep
-selectors and exact resume."""
+selectors and exact resume.
 
-__version__ = "0.1.0"
+The public names load lazily (PEP 562): ``import nitro_core`` and ``import
+nitro_core.errors`` import no torch; the first use of, say, ``nitro_core.Nitro`` imports
+the module that defines it. The layers, each importing only from the ones before it::
 
-from nitro_core.averaging import Averaged, average_checkpoints
-from nitro_core.data import TensorBatches
-from nitro_core.ema import EMA
-from nitro_core.errors import (
-    CheckpointCorrupt,
-    CheckpointMissing,
-    CheckpointNotFound,
-    ConfigError,
-    DiskFull,
-    MissingHookError,
-    MonitorError,
-    NitroDeprecationWarning,
-    NitroError,
-    NitroWarning,
-    NonFiniteLoss,
-    RecordError,
-    ResumeRefused,
-    SourceSyntaxError,
-    TrainingRefused,
-    UnsafePath,
-)
-from nitro_core.experiment import Experiment, Host
-from nitro_core.export import export_weights
-from nitro_core.handle import Nitro, checkpoint_run
-from nitro_core.info import checkpoint_info
-from nitro_core.loggers import JSONLLogger, NullLogger
-from nitro_core.manifest import ManifestEntry, read_manifest, runs
-from nitro_core.selectors import Best, Checkpointer, Epochs, Every, Last, TopKCheckpointer
-from nitro_core.sources import Average, parse_source
-from nitro_core.stopping import EarlyStopping, Plateau
+    errors -> store/ -> policy/, sources/ -> state/ -> averaging, export, info
+           -> experiment, training/ -> examples/, registry -> jobs/
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from nitro_core._version import __version__
+
+_WHERE = {
+    "Averaged": "nitro_core.averaging",
+    "average_checkpoints": "nitro_core.averaging",
+    "CheckpointCorrupt": "nitro_core.errors",
+    "CheckpointMissing": "nitro_core.errors",
+    "CheckpointNotFound": "nitro_core.errors",
+    "ConfigError": "nitro_core.errors",
+    "DiskFull": "nitro_core.errors",
+    "MissingHookError": "nitro_core.errors",
+    "MonitorError": "nitro_core.errors",
+    "NitroDeprecationWarning": "nitro_core.errors",
+    "NitroError": "nitro_core.errors",
+    "NitroWarning": "nitro_core.errors",
+    "NonFiniteLoss": "nitro_core.errors",
+    "RecordError": "nitro_core.errors",
+    "ResumeRefused": "nitro_core.errors",
+    "SourceSyntaxError": "nitro_core.errors",
+    "TrainingRefused": "nitro_core.errors",
+    "UnsafePath": "nitro_core.errors",
+    "Experiment": "nitro_core.experiment",
+    "Host": "nitro_core.experiment",
+    "export_weights": "nitro_core.export",
+    "checkpoint_info": "nitro_core.info",
+    "Best": "nitro_core.policy.selectors",
+    "Checkpointer": "nitro_core.policy.selectors",
+    "Epochs": "nitro_core.policy.selectors",
+    "Every": "nitro_core.policy.selectors",
+    "Last": "nitro_core.policy.selectors",
+    "TopKCheckpointer": "nitro_core.policy.selectors",
+    "Average": "nitro_core.sources.grammar",
+    "parse_source": "nitro_core.sources.grammar",
+    "EMA": "nitro_core.state.ema",
+    "ManifestEntry": "nitro_core.store.manifest",
+    "read_manifest": "nitro_core.store.manifest",
+    "runs": "nitro_core.store.manifest",
+    "TensorBatches": "nitro_core.training.data",
+    "Nitro": "nitro_core.training.handle",
+    "checkpoint_run": "nitro_core.training.handle",
+    "JSONLLogger": "nitro_core.training.loggers",
+    "NullLogger": "nitro_core.training.loggers",
+    "EarlyStopping": "nitro_core.training.stopping",
+    "Plateau": "nitro_core.training.stopping",
+}
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads them
+    from nitro_core.averaging import Averaged as Averaged
+    from nitro_core.averaging import average_checkpoints as average_checkpoints
+    from nitro_core.errors import CheckpointCorrupt as CheckpointCorrupt
+    from nitro_core.errors import CheckpointMissing as CheckpointMissing
+    from nitro_core.errors import CheckpointNotFound as CheckpointNotFound
+    from nitro_core.errors import ConfigError as ConfigError
+    from nitro_core.errors import DiskFull as DiskFull
+    from nitro_core.errors import MissingHookError as MissingHookError
+    from nitro_core.errors import MonitorError as MonitorError
+    from nitro_core.errors import NitroDeprecationWarning as NitroDeprecationWarning
+    from nitro_core.errors import NitroError as NitroError
+    from nitro_core.errors import NitroWarning as NitroWarning
+    from nitro_core.errors import NonFiniteLoss as NonFiniteLoss
+    from nitro_core.errors import RecordError as RecordError
+    from nitro_core.errors import ResumeRefused as ResumeRefused
+    from nitro_core.errors import SourceSyntaxError as SourceSyntaxError
+    from nitro_core.errors import TrainingRefused as TrainingRefused
+    from nitro_core.errors import UnsafePath as UnsafePath
+    from nitro_core.experiment import Experiment as Experiment
+    from nitro_core.experiment import Host as Host
+    from nitro_core.export import export_weights as export_weights
+    from nitro_core.info import checkpoint_info as checkpoint_info
+    from nitro_core.policy.selectors import Best as Best
+    from nitro_core.policy.selectors import Checkpointer as Checkpointer
+    from nitro_core.policy.selectors import Epochs as Epochs
+    from nitro_core.policy.selectors import Every as Every
+    from nitro_core.policy.selectors import Last as Last
+    from nitro_core.policy.selectors import TopKCheckpointer as TopKCheckpointer
+    from nitro_core.sources.grammar import Average as Average
+    from nitro_core.sources.grammar import parse_source as parse_source
+    from nitro_core.state.ema import EMA as EMA
+    from nitro_core.store.manifest import ManifestEntry as ManifestEntry
+    from nitro_core.store.manifest import read_manifest as read_manifest
+    from nitro_core.store.manifest import runs as runs
+    from nitro_core.training.data import TensorBatches as TensorBatches
+    from nitro_core.training.handle import Nitro as Nitro
+    from nitro_core.training.handle import checkpoint_run as checkpoint_run
+    from nitro_core.training.loggers import JSONLLogger as JSONLLogger
+    from nitro_core.training.loggers import NullLogger as NullLogger
+    from nitro_core.training.stopping import EarlyStopping as EarlyStopping
+    from nitro_core.training.stopping import Plateau as Plateau
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nitro_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "Average",

@@ -1,4 +1,6 @@
-"""Averaging checkpoints of one run: selection, the streaming float64 mean, and provenance.
+"""Averaging checkpoints of one run: the streaming float64 mean over resolved entries, its
+provenance, and the averaged record written outside any manifest. (What an ``Average``
+names is decided in ``sources``; loading an average into a handle is ``training.restore``.)
 
 Records are read one at a time into a float64 accumulator, so memory holds one tensor of
 one record and the sum, never all records. The mean is cast back to each tensor's own
@@ -10,93 +12,24 @@ once. Uniform weights.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from nitro_core import manifest, selection, store
-from nitro_core.errors import CheckpointCorrupt, CheckpointNotFound, ConfigError, NitroWarning
-from nitro_core.manifest import ManifestEntry, Point
-from nitro_core.records import state_dict_from
-from nitro_core.resolve import Resolved, ranking_pair
-from nitro_core.retention import Pair as ScorePair
-from nitro_core.selectors import Best, Checkpointer, Selector, ranked
-from nitro_core.sources import Average, Pair, RunRef, Source, to_source
-
-if TYPE_CHECKING:
-    from nitro_core.handle import Nitro
-
-
-# -- selection ------------------------------------------------------------------------------------
-def resolve_average(
-    source: Pair,
-    run_dir: Path,
-    pool: list[ManifestEntry],
-    points: list[Point],
-    pair: ScorePair | None,
-) -> Resolved:
-    """The entries ``source``'s Average names in one run (``pool``: its entries, ``points``:
-    its history), and its state record. Refuses, listing what the run kept and the keep
-    that would have held them, when the run no longer holds every point named."""
-    avg = source.pick
-    assert isinstance(avg, Average)
-    pair = ranking_pair(pool, pair)
-    chosen = selection.select(avg.selector, selection.history(points, pool), pool, pair)
-    if chosen.shortfall or chosen.gone or not chosen.picked:
-        raise CheckpointNotFound(_refusal(source, run_dir, pool, chosen))
-    picked = list(chosen.picked)
-    if avg.state == "best" or (avg.state is None and isinstance(avg.selector, Best)):
-        best = ranked([e for e in picked if e.pair == pair], pair[1])
-        state = best[0] if best else picked[-1]
-    else:
-        state = picked[-1]
-    return Resolved(source, run_dir / state.file, state, picked=tuple(picked))
-
-
-def _refusal(
-    source: Pair, run_dir: Path, pool: list[ManifestEntry], chosen: selection.Selection
-) -> str:
-    avg = source.pick
-    assert isinstance(avg, Average)
-    head = f"Cannot average {str(source)!r} in {str(run_dir)!r}: "
-    kept = selection.describe_epochs([e.epoch for e in pool])
-    if chosen.shortfall:
-        return head + (
-            f"{chosen.shortfall} (run {pool[0].run} holds epochs {kept}). Average fewer points, "
-            "or train the run further."
-        )
-    recorded = pool[-1].keep  # the run's own keep, as its latest entry recorded it
-    under = f" under keep={recorded}" if recorded else ""
-    base = recorded[1:-1] if recorded else "Best(3), Last(1)"  # '(Best(3), Last(1))' -> selectors
-    named = selection.describe_epochs([p.epoch for p in chosen.named])
-    gone = selection.describe_epochs([p.epoch for p in chosen.gone])
-    return head + (
-        f"{avg.selector} names epochs {named} of run {pool[0].run}, which kept epochs {kept}"
-        f"{under}; it no longer holds {gone}. Keep them while training: "
-        f"Checkpointer(keep=({base}, {_keep_for(avg.selector)}))."
-    )
-
-
-def _keep_for(sel: Selector) -> str:
-    if isinstance(sel, Best):
-        return str(sel.among) if sel.among is not None else f"Best({sel.k})"
-    return str(sel)
-
-
-def check_keep_holds(ckpt: Checkpointer | None, avg: Average, max_epochs: int) -> None:
-    """Setup refusal for ``restore_best=Average(...)``: refuse only a keep that cannot hold,
-    at the end of a ``max_epochs`` run, everything the selector will name."""
-    keep = ckpt.keep if ckpt is not None else ()
-    if not selection.keep_holds(keep, avg.selector, max_epochs):
-        current = ", ".join(map(str, keep))
-        raise ConfigError(
-            f"restore_best={avg} needs records that keep=({current}) does not hold at the end of "
-            f"training (max_epochs={max_epochs}). Keep them: "
-            f"Checkpointer(keep=({current}, {_keep_for(avg.selector)}))."
-        )
+from nitro_core.errors import CheckpointCorrupt, ConfigError
+from nitro_core.sources.grammar import Average, Pair, to_source
+from nitro_core.sources.resolve import Resolved, resolve
+from nitro_core.state.records import (
+    FORMAT_VERSION,
+    framework_version,
+    state_dict_from,
+    weights_tensors,
+)
+from nitro_core.store import manifest
+from nitro_core.store import recordio as store
+from nitro_core.store.claims import refuse_existing
 
 
 # -- the streaming mean -----------------------------------------------------------------------------
@@ -202,8 +135,6 @@ def average_checkpoints(
     """Average the checkpoints ``source`` picks in ``run_dir`` (e.g. ``"latest =>
     Average(Last(10))"``); with ``save``, also write the result as an ordinary record outside
     the manifest (retention never deletes it), refusing to overwrite an existing file."""
-    from nitro_core.resolve import resolve
-
     run_dir = Path(run_dir)
     src = to_source(source, "source")
     if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
@@ -212,61 +143,32 @@ def average_checkpoints(
             "'latest => Average(Last(10))'."
         )
     if save is not None:
-        from nitro_core.export import refuse_existing
-
         refuse_existing(Path(save), "save=")
     result = average(resolve(src, run_dir, manifest.read_manifest(run_dir)), run_dir)
     if save is not None:
-        from nitro_core.export import write_averaged
-
         write_averaged(result, Path(save))
     return result
 
 
-def load_average(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None:
-    """``weights=... => Average(...)``: load the average into a new run."""
-    from nitro_core.loading import load_model_state
-    from nitro_core.resolve import resolve
-    from nitro_core.restore import warn_config_changed
-
-    resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
-    result = average(resolved, n.run_dir, load_ema=n.options.load_ema)
-    warn_config_changed(result.meta, n, repr(str(source)))
-    state = result.ema if n.options.load_ema else result.state
-    load_model_state(n.model, state, n.options.strict, str(source), type(n.experiment).__name__)
-    if n.ema is not None:
-        n.ema.reset()
-    n.checkpoint_source = resolved.path
-    n.averaged_from = result.averaged_from
-
-
-def restore_average(n: Nitro, avg: Average, entries: list[ManifestEntry]) -> Average | None:
-    """``restore_best=Average(...)``: end training holding the run's own average."""
-    from nitro_core.resolve import resolve
-
-    source = Pair(RunRef("id", n.run_id), avg)
-    try:
-        resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
-    except CheckpointNotFound as exc:
-        warnings.warn(
-            f"restore_best={avg}: run {n.run_id} ended before it held enough checkpoints "
-            f"({exc}); the handle keeps its final weights.",
-            NitroWarning,
-            stacklevel=4,
-        )
-        return None
-    result = average(resolved, n.run_dir)
-    n.model.load_state_dict(result.state)
-    if n.ema is not None:
-        if result.ema is not None:
-            n.ema.load(result.ema, n.ema.num_updates)
-        else:
-            warnings.warn(
-                f"restore_best={avg}: a picked record of run {n.run_id} keeps no EMA, so the "
-                "handle keeps its final EMA beside the averaged weights.",
-                NitroWarning,
-                stacklevel=4,
-            )
-    n.averaged_from = result.averaged_from
-    n.checkpoint_source = resolved.path
-    return avg
+def write_averaged(result: Averaged, path: Path) -> None:
+    """An ordinary record (params/, buffers/, ema/) holding an average, outside any manifest.
+    It carries no optimizer state, so it loads with ``weights=`` and refuses ``resume=``."""
+    refuse_existing(path, "save=")
+    tensors = weights_tensors(result.state, result.ema, result.meta["layout"])
+    meta = dict(result.meta)
+    meta.update(  # weights only: no optimizer, schedule, RNG or history to resume from
+        optimizer=None,
+        scheduler=None,
+        plateau=None,
+        rng=None,
+        early_stopping=None,
+        history=None,
+        format_version=FORMAT_VERSION,
+        framework_version=framework_version(),
+        averaged_from=result.averaged_from,
+        stop_reason=None,
+    )
+    if result.ema is None:
+        meta["ema_meta"] = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store.write_record(path, tensors, meta)

@@ -15,6 +15,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
 from nitro_core.errors import ConfigError, MissingHookError
+from nitro_core.policy.selectors import Best, Checkpointer, Last
+from nitro_core.training.loggers import JSONLLogger
 
 
 class _HostMark:
@@ -115,8 +117,6 @@ class Experiment(BaseModel):
 
     def checkpointer(self) -> Any:
         """Which records to keep; ``None`` writes nothing."""
-        from nitro_core.selectors import Best, Checkpointer, Last
-
         return Checkpointer(keep=(Best(3), Last(1)))
 
     def lr_scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
@@ -141,8 +141,6 @@ class Experiment(BaseModel):
 
     def logger(self) -> Any:
         """The metrics logger; default a JSONL file per run in the run directory."""
-        from nitro_core.loggers import JSONLLogger
-
         return JSONLLogger()
 
 

@@ -1,5 +1,6 @@
-"""Writing parameters out: averaged records (``average_checkpoints(save=...)``) and weights
-exports with provenance, both through the one record writer."""
+"""Weights exports: parameters and layer state under their state-dict names, with
+provenance, through the one record writer. Takes a handle (read through its attributes,
+never imported) or a source resolved from the manifest."""
 
 from __future__ import annotations
 
@@ -8,50 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nitro_core import manifest, store
+from nitro_core.averaging import average
 from nitro_core.errors import ConfigError
-from nitro_core.records import FORMAT_VERSION, framework_version, to_host, weights_tensors
+from nitro_core.sources.grammar import Average, Pair, PathSource, to_source
+from nitro_core.sources.resolve import resolve
+from nitro_core.state.loading import read
+from nitro_core.state.records import FORMAT_VERSION, framework_version, to_host
+from nitro_core.store import manifest
+from nitro_core.store import recordio as store
+from nitro_core.store.claims import refuse_existing
 
 if TYPE_CHECKING:
-    from nitro_core.averaging import Averaged
-    from nitro_core.handle import Nitro
-
-
-def refuse_existing(path: Path, what: str) -> None:
-    if path.suffix != ".safetensors":
-        raise ConfigError(
-            f"{what} {str(path)!r} must name a .safetensors file (sources find records by that "
-            "suffix), e.g. 'runs/my_run/avg10.safetensors'."
-        )
-    if path.exists():
-        raise ConfigError(
-            f"{what} {str(path)!r} already exists; Nitro never overwrites it. Choose a new name, "
-            "or delete the old file first."
-        )
-
-
-def write_averaged(result: Averaged, path: Path) -> None:
-    """An ordinary record (params/, buffers/, ema/) holding an average, outside any manifest.
-    It carries no optimizer state, so it loads with ``weights=`` and refuses ``resume=``."""
-    refuse_existing(path, "save=")
-    tensors = weights_tensors(result.state, result.ema, result.meta["layout"])
-    meta = dict(result.meta)
-    meta.update(  # weights only: no optimizer, schedule, RNG or history to resume from
-        optimizer=None,
-        scheduler=None,
-        plateau=None,
-        rng=None,
-        early_stopping=None,
-        history=None,
-        format_version=FORMAT_VERSION,
-        framework_version=framework_version(),
-        averaged_from=result.averaged_from,
-        stop_reason=None,
-    )
-    if result.ema is None:
-        meta["ema_meta"] = None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    store.write_record(path, tensors, meta)
+    from nitro_core.training.handle import Nitro
 
 
 def export_weights(
@@ -61,11 +30,9 @@ def export_weights(
     ``model.load_state_dict(safetensors.torch.load_file(path))`` restores them. The header's
     ``nitro`` metadata holds the provenance: source file, ``averaged_from``, config, seed and
     framework version."""
-    from nitro_core.handle import Nitro
-
     path = Path(path)
     refuse_existing(path, "Export path")
-    if isinstance(nitro_or_source, Nitro):
+    if _is_handle(nitro_or_source):
         n = nitro_or_source
         state = n.model.state_dict()
         provenance = {
@@ -92,11 +59,6 @@ def export_weights(
 def _from_source(
     source: Any, run_dir: str | Path | None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    from nitro_core.averaging import average
-    from nitro_core.resolve import resolve
-    from nitro_core.restore import read
-    from nitro_core.sources import Average, Pair, PathSource, to_source
-
     src = to_source(source, "source")
     if run_dir is None:
         if not isinstance(src, PathSource):
@@ -124,3 +86,9 @@ def _from_source(
         "epoch": meta.get("epoch"),
         "step": meta.get("step"),
     }
+
+
+def _is_handle(obj: Any) -> bool:
+    """A ``Nitro`` handle, recognized by what export reads of it (this layer sits below the
+    handle, so it never imports it)."""
+    return all(hasattr(obj, a) for a in ("model", "experiment", "run_id", "checkpoint_source"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nitro_core import store
+from nitro_core.store import recordio as store
 
 
 def checkpoint_info(path: str | Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import inspect
 from importlib.metadata import entry_points
 
 from nitro_core.errors import ConfigError
+from nitro_core.examples import EXAMPLES
 from nitro_core.experiment import Experiment
 
 ENTRY_POINT_GROUP = "nitro.experiments"
@@ -20,8 +21,6 @@ ENTRY_POINT_GROUP = "nitro.experiments"
 
 def load_registry(modules: list[str] | tuple[str, ...] = ()) -> dict[str, type[Experiment]]:
     """Name -> experiment class, from the examples, entry points and operator modules."""
-    from nitro_core.examples import EXAMPLES
-
     found: dict[str, type[Experiment]] = dict(EXAMPLES)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         cls = ep.load()

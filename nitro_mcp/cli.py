@@ -200,7 +200,7 @@ def _runs(args: argparse.Namespace) -> int:
     entries = read_manifest(run_dir)
     if not entries:
         print(f"{run_dir}: no checkpoints")
-    from nitro_core.retention import explain  # lazy
+    from nitro_core.policy.retention import explain  # lazy
 
     for run in dict.fromkeys(e.run for e in entries):
         mine = [e for e in entries if e.run == run]

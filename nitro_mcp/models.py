@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from nitro_core.jobs.files import JobKind, JobState, Phase
-from nitro_core.manifest import ManifestEntry
+from nitro_core.store.manifest import ManifestEntry
 
 
 class _Model(BaseModel):

@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 from mcp import Client
 
-from nitro_core.header import RecordHeader
-from nitro_core.manifest import ManifestEntry
+from nitro_core.state.header import RecordHeader
+from nitro_core.store.manifest import ManifestEntry
 
 
 async def _tool_schemas() -> dict[str, Any]:

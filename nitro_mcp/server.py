@@ -26,7 +26,7 @@ from nitro_core import __version__
 from nitro_core.errors import NitroError
 from nitro_mcp import models
 from nitro_mcp.echo import clip
-from nitro_mcp.tools import Gate
+from nitro_mcp.gate import Gate
 
 log = logging.getLogger(__name__)
 WATCH_S = 2.0  # how often the server looks for a queued job that can start

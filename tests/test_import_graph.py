@@ -21,9 +21,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nitro_core.errors", "nitro_core._version"),
     ("nitro_core.store",),
     ("nitro_core.policy", "nitro_core.sources"),
-    ("nitro_core.experiment", "nitro_core.state"),
+    ("nitro_core.state",),
     ("nitro_core.averaging", "nitro_core.export", "nitro_core.info"),
-    ("nitro_core.training",),
+    ("nitro_core.experiment", "nitro_core.training"),
     ("nitro_core.examples", "nitro_core.registry"),
     ("nitro_core.jobs",),
     ("nitro_core",),  # the package's lazy front door

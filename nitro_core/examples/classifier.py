@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from nitro_core.data import TensorBatches
-from nitro_core.ema import EMA
 from nitro_core.experiment import Experiment, Host
-from nitro_core.selectors import Best, Checkpointer, Last
+from nitro_core.policy.selectors import Best, Checkpointer, Last
+from nitro_core.state.ema import EMA
+from nitro_core.training.data import TensorBatches
 
 
 class Classifier(Experiment):

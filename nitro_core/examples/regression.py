@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from nitro_core.data import TensorBatches
 from nitro_core.experiment import Experiment, Host
+from nitro_core.training.data import TensorBatches
 
 
 class Regression(Experiment):

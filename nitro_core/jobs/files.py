@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nitro_core import store
+from nitro_core.store import recordio as store
 
 JobKind = Literal["train", "validate", "average"]
 JobState = Literal["queued", "running", "succeeded", "failed", "stopped", "lost"]

@@ -37,7 +37,7 @@ from nitro_core.jobs.files import (
     write_json,
 )
 from nitro_core.jobs.status import compare_and_set, update_status_if
-from nitro_core.manifest import now_iso
+from nitro_core.store.manifest import now_iso
 
 log = logging.getLogger(__name__)
 

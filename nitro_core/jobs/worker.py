@@ -24,7 +24,7 @@ from nitro_core.errors import CheckpointCorrupt, MonitorError, NitroError
 from nitro_core.jobs.files import JobSpec, append_event, process_start, read_spec, read_status
 from nitro_core.jobs.manager import JobManager
 from nitro_core.jobs.status import update_status, update_status_if
-from nitro_core.manifest import now_iso
+from nitro_core.store.manifest import now_iso
 
 log = logging.getLogger("nitro.worker")
 WATCH_S = 0.25  # how often the stop watcher looks at the flags

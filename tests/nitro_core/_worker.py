@@ -24,7 +24,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from nitro_core import Best, Checkpointer, Experiment, Host, Last, Nitro, TensorBatches
+from nitro_core import (
+    Best,
+    Checkpointer,
+    Experiment,
+    Host,
+    Last,
+    Nitro,
+    TensorBatches,
+)
 from nitro_core.examples import Classifier, Regression
 
 

@@ -22,8 +22,8 @@ from nitro_core import (
     average_checkpoints,
     read_manifest,
 )
-from nitro_core.manifest import ManifestEntry, Point, read_points
-from nitro_core.selection import history, keep_holds, name_points, select
+from nitro_core.sources.selection import history, keep_holds, name_points, select
+from nitro_core.store.manifest import ManifestEntry, Point, read_points
 
 from .tiny import Scripted
 

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from nitro_core import Nitro, average_checkpoints, read_manifest, safeio, store
+from nitro_core import Nitro, average_checkpoints, read_manifest
 from nitro_core.errors import DiskFull
+from nitro_core.store import recordio as store
+from nitro_core.store import safeio
 
 from .tiny import KeepLast
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nitro_core import ConfigError, Experiment, Host, MissingHookError, Nitro
+from nitro_core import (
+    ConfigError,
+    Experiment,
+    Host,
+    MissingHookError,
+    Nitro,
+)
 from nitro_core.examples import Classifier, Regression
 from nitro_core.experiment import config_diff, host_fields
 

@@ -25,7 +25,7 @@ from nitro_core import (
     checkpoint_run,
     read_manifest,
 )
-from nitro_core.progress import Progress
+from nitro_core.training.progress import Progress
 
 from .tiny import BestOnly, KeepLast, NoVal, Tiny, WithAcc
 

@@ -26,8 +26,8 @@ from nitro_core import (
     checkpoint_info,
     export_weights,
     read_manifest,
-    store,
 )
+from nitro_core.store import recordio as store
 
 from .tiny import KeepLast, Tiny
 

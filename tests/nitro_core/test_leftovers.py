@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nitro_core import Nitro, NitroWarning, read_manifest, store
+from nitro_core import Nitro, NitroWarning, read_manifest
+from nitro_core.store import recordio as store
 
 from .tiny import KeepLast, NoVal
 

@@ -19,11 +19,11 @@ from nitro_core import (
     ResumeRefused,
     TrainingRefused,
     read_manifest,
-    store,
 )
 from nitro_core.examples import Classifier, Regression
-from nitro_core.resolve import resolve
-from nitro_core.sources import parse_source
+from nitro_core.sources.grammar import parse_source
+from nitro_core.sources.resolve import resolve
+from nitro_core.store import recordio as store
 
 from .tiny import KeepLast, NoVal, Tiny, WithAcc
 

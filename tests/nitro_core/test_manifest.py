@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from nitro_core import CheckpointCorrupt, Nitro, read_manifest, runs, store
+from nitro_core import (
+    CheckpointCorrupt,
+    Nitro,
+    read_manifest,
+    runs,
+)
+from nitro_core.store import recordio as store
 
 from .tiny import KeepLast, Tiny
 

@@ -14,9 +14,16 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from nitro_core import CheckpointCorrupt, Nitro, RecordError, checkpoint_info, read_manifest, store
+from nitro_core import (
+    CheckpointCorrupt,
+    Nitro,
+    RecordError,
+    checkpoint_info,
+    read_manifest,
+)
 from nitro_core.examples import Classifier
-from nitro_core.records import PREFIXES, decode_tree, encode_tree
+from nitro_core.state.records import PREFIXES, decode_tree, encode_tree
+from nitro_core.store import recordio as store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,6 +121,9 @@ def test_checkpoint_info_refuses_a_truncated_record_naming_it(tmp_path):
     assert str(path) in str(exc.value) and "truncated" in str(exc.value)
 
 
+_LAZY_FRONT_DOORS = ("nitro_core/__init__.py", "nitro_mcp/__init__.py")
+
+
 def test_nothing_in_nitro_calls_torch_load_pickle_or_eval():
     sources = [p for d in ("nitro_core", "nitro_mcp") for p in (REPO / d).rglob("*.py")]
     assert len(sources) > 10
@@ -131,7 +141,10 @@ def test_nothing_in_nitro_calls_torch_load_pickle_or_eval():
                     "importlib.import_module",
                 )
                 # the one import of a module by name: operator-given --experiment-module, never client text
-                allowed = path.name == "registry.py" and name == "importlib.import_module"
+                # and the package's lazy front door, whose table of module names is a constant
+                allowed = name == "importlib.import_module" and (
+                    path.name == "registry.py" or path.relative_to(REPO).as_posix() in _LAZY_FRONT_DOORS
+                )
                 assert name not in banned or allowed, f"{path}:{node.lineno} calls {name}"
             if isinstance(node, ast.Import | ast.ImportFrom):
                 names = [a.name for a in node.names] + [getattr(node, "module", None) or ""]

@@ -33,7 +33,7 @@ from nitro_core import (
     runs,
 )
 from nitro_core.examples import Classifier
-from nitro_core.store import file_sha256, read_record
+from nitro_core.store.recordio import file_sha256, read_record
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,14 @@ import textwrap
 import pytest
 import torch
 
-from nitro_core import EarlyStopping, Nitro, NitroWarning, Plateau, ResumeRefused, read_manifest
+from nitro_core import (
+    EarlyStopping,
+    Nitro,
+    NitroWarning,
+    Plateau,
+    ResumeRefused,
+    read_manifest,
+)
 from nitro_core.examples import Classifier, Regression
 
 from .tiny import KeepLast, Tiny

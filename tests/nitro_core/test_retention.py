@@ -3,8 +3,13 @@ is ever ranked or deleted."""
 
 from __future__ import annotations
 
-from nitro_core import Best, Checkpointer, Every, Last
-from nitro_core.retention import keep_reasons, plan, would_keep
+from nitro_core import (
+    Best,
+    Checkpointer,
+    Every,
+    Last,
+)
+from nitro_core.policy.retention import keep_reasons, plan, would_keep
 
 from .test_selectors import entry
 
@@ -63,8 +68,8 @@ def test_entries_under_another_metric_are_never_ranked_or_deleted():
 def test_explain_reads_the_recorded_keep_back_with_the_grammar(tmp_path):
     from nitro_core import Nitro, read_manifest
     from nitro_core.examples import Classifier
-    from nitro_core.retention import explain
-    from nitro_core.sources import parse_keep
+    from nitro_core.policy.retention import explain
+    from nitro_core.sources.grammar import parse_keep
 
     assert parse_keep("(Best(3), Last(1))") == (Best(3), Last(1))
     assert parse_keep("(Every(2))") == (Every(2),)

@@ -12,7 +12,13 @@ import pytest
 import torch
 from pydantic import PrivateAttr
 
-from nitro_core import Nitro, NitroWarning, NonFiniteLoss, TrainingRefused, read_manifest
+from nitro_core import (
+    Nitro,
+    NitroWarning,
+    NonFiniteLoss,
+    TrainingRefused,
+    read_manifest,
+)
 from nitro_core.examples import Classifier
 
 from .test_resume import Scheduled, _train_epochs, assert_same_state

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from nitro_core import Checkpointer, ConfigError, Last, Nitro, average_checkpoints, store
+from nitro_core import (
+    Checkpointer,
+    ConfigError,
+    Last,
+    Nitro,
+    average_checkpoints,
+)
+from nitro_core.store import recordio as store
 
 from .tiny import Tiny
 

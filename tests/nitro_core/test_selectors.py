@@ -6,9 +6,17 @@ import warnings
 
 import pytest
 
-from nitro_core import Best, Checkpointer, ConfigError, Epochs, Every, Last, NitroDeprecationWarning
-from nitro_core.manifest import ManifestEntry
-from nitro_core.selectors import _warn_topk_once, pick
+from nitro_core import (
+    Best,
+    Checkpointer,
+    ConfigError,
+    Epochs,
+    Every,
+    Last,
+    NitroDeprecationWarning,
+)
+from nitro_core.policy.selectors import _warn_topk_once, pick
+from nitro_core.store.manifest import ManifestEntry
 
 
 def entry(

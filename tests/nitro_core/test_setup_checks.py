@@ -123,7 +123,8 @@ def test_a_moved_aside_partial_file_is_never_a_source(tmp_path):
 
 
 def test_one_run_is_trained_by_one_process_at_a_time(tmp_path):
-    from nitro_core import TrainingRefused, store
+    from nitro_core import TrainingRefused
+    from nitro_core.store import recordio as store
 
     first = Nitro(KeepLast(max_epochs=2), run_dir=tmp_path).train()
     second = Nitro(KeepLast(max_epochs=3), run_dir=tmp_path, resume="auto")

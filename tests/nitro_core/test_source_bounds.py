@@ -10,11 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nitro_core import Best, ConfigError, Epochs, Every, Last, SourceSyntaxError
-from nitro_core.manifest import ManifestEntry, Point
-from nitro_core.selection import name_points
-from nitro_core.selectors import MAX_COUNT, MAX_EPOCHS, pick
-from nitro_core.sources import MAX_LENGTH, parse_average, parse_keep, parse_source
+from nitro_core import (
+    Best,
+    ConfigError,
+    Epochs,
+    Every,
+    Last,
+    SourceSyntaxError,
+)
+from nitro_core.policy.selectors import MAX_COUNT, MAX_EPOCHS, pick
+from nitro_core.sources.grammar import MAX_LENGTH, parse_average, parse_keep, parse_source
+from nitro_core.sources.selection import name_points
+from nitro_core.store.manifest import ManifestEntry, Point
 
 KEEP_HINT = "A keep reads like '(Best(3), Last(1))'."
 

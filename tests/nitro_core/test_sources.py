@@ -6,8 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nitro_core import Best, ConfigError, Epochs, Every, Last, SourceSyntaxError
-from nitro_core.sources import (
+from nitro_core import (
+    Best,
+    ConfigError,
+    Epochs,
+    Every,
+    Last,
+    SourceSyntaxError,
+)
+from nitro_core.sources.grammar import (
     Average,
     Pair,
     PathSource,

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nitro_core import Nitro, average_checkpoints, read_manifest, store
+from nitro_core import Nitro, average_checkpoints, read_manifest
 from nitro_core.errors import UnsafePath
+from nitro_core.store import recordio as store
 
 from .tiny import KeepLast
 

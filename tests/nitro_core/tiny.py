@@ -5,8 +5,15 @@ from __future__ import annotations
 import torch
 from pydantic import PrivateAttr
 
-from nitro_core import Best, Checkpointer, Experiment, Host, Last, TensorBatches
-from nitro_core.sources import parse_keep
+from nitro_core import (
+    Best,
+    Checkpointer,
+    Experiment,
+    Host,
+    Last,
+    TensorBatches,
+)
+from nitro_core.sources.grammar import parse_keep
 
 
 class Tiny(Experiment):

@@ -15,8 +15,8 @@ from mcp import Client
 
 from nitro_core import Nitro, read_manifest
 from nitro_core.examples import Regression
+from nitro_mcp.gate import Gate
 from nitro_mcp.server import build_server
-from nitro_mcp.tools import Gate
 
 from .conftest import call
 

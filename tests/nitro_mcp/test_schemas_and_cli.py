@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nitro_core import Nitro, checkpoint_info, read_manifest
 from nitro_core.examples import Classifier
-from nitro_core.header import RecordHeader
+from nitro_core.state.header import RecordHeader
 from nitro_mcp.cli import main
 from nitro_mcp.schemas import generate
 

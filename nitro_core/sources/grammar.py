@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 from nitro_core.errors import ConfigError, SourceSyntaxError
-from nitro_core.selectors import MAX_COUNT, MAX_EPOCHS, Best, Epochs, Every, Last, Selector
+from nitro_core.policy.selectors import MAX_COUNT, MAX_EPOCHS, Best, Epochs, Every, Last, Selector
 
 MAX_LENGTH = 512
 MAX_DEPTH = 32  # how deep Best(k; among=...) may nest

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Protocol
 
-from nitro_core.safeio import confined_dir, open_nofollow
+from nitro_core.store.safeio import confined_dir, open_nofollow
 
 
 class Logger(Protocol):

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nitro_core import retention
 from nitro_core.errors import ConfigError, MonitorError, NitroWarning
 from nitro_core.experiment import Experiment, defines
-from nitro_core.manifest import ManifestEntry
-from nitro_core.selectors import NAME_PATTERN, Checkpointer, Last, Mode
+from nitro_core.policy import retention
+from nitro_core.policy.selectors import NAME_PATTERN, Checkpointer, Last, Mode
+from nitro_core.store.manifest import ManifestEntry
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal, Union
 from nitro_core.errors import ConfigError, NitroDeprecationWarning
 
 if TYPE_CHECKING:
-    from nitro_core.manifest import ManifestEntry
+    from nitro_core.store.manifest import ManifestEntry
 
 Mode = Literal["min", "max"]
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.+\-]+")  # metric names and prefixes land in file names

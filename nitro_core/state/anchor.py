@@ -11,7 +11,7 @@ import hashlib
 
 import torch
 
-from nitro_core.records import to_host
+from nitro_core.state.records import to_host
 
 
 def checksum(tensors: list[torch.Tensor]) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nitro_core.errors import ConfigError
-from nitro_core.sources import Average, Pair, Source, parse_average, to_source
+from nitro_core.sources.grammar import Average, Pair, Source, parse_average, to_source
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from nitro_core import store
 from nitro_core.errors import CheckpointCorrupt
+from nitro_core.store import recordio as store
 
 FORMAT = "nitro-manifest/1"
 

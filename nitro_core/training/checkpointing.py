@@ -15,11 +15,14 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from nitro_core import manifest, records, retention, store
 from nitro_core.errors import NitroWarning, TrainingRefused
-from nitro_core.manifest import ManifestEntry, StopReason
-from nitro_core.retention import Pair
-from nitro_core.selectors import Checkpointer
+from nitro_core.policy import retention
+from nitro_core.policy.retention import Pair
+from nitro_core.policy.selectors import Checkpointer
+from nitro_core.state import records
+from nitro_core.store import manifest
+from nitro_core.store import recordio as store
+from nitro_core.store.manifest import ManifestEntry, StopReason
 
 log = logging.getLogger(__name__)
 

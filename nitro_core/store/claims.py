@@ -19,9 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nitro_core import safeio
 from nitro_core.errors import ConfigError
-from nitro_core.safeio import flocked, fsync_dir, is_disk_full, no_room, open_nofollow, require_room
+from nitro_core.store import safeio
+from nitro_core.store.safeio import (
+    flocked,
+    fsync_dir,
+    is_disk_full,
+    no_room,
+    open_nofollow,
+    require_room,
+)
 
 TMP_SUFFIX = ".tmp"
 LOCK_NAME = ".manifest.lock"
@@ -231,3 +238,16 @@ def run_lock(directory: Path, run: str) -> Iterator[bool]:
     directory.mkdir(parents=True, exist_ok=True)
     with flocked(directory / f".run-{run}.lock", blocking=False) as mine:
         yield mine
+
+
+def refuse_existing(path: Path, what: str) -> None:
+    if path.suffix != ".safetensors":
+        raise ConfigError(
+            f"{what} {str(path)!r} must name a .safetensors file (sources find records by that "
+            "suffix), e.g. 'runs/my_run/avg10.safetensors'."
+        )
+    if path.exists():
+        raise ConfigError(
+            f"{what} {str(path)!r} already exists; Nitro never overwrites it. Choose a new name, "
+            "or delete the old file first."
+        )

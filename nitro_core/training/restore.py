@@ -11,18 +11,26 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from nitro_core import manifest, records, rng, store
-from nitro_core.errors import ConfigError, NitroWarning, ResumeRefused, TrainingRefused
+from nitro_core.averaging import average
+from nitro_core.errors import (
+    CheckpointNotFound,
+    ConfigError,
+    NitroWarning,
+    ResumeRefused,
+    TrainingRefused,
+)
 from nitro_core.experiment import config_diff
-from nitro_core.loading import load_model_state, load_optimizer_fresh_schedule
-from nitro_core.manifest import ManifestEntry
-from nitro_core.records import Record
-from nitro_core.resolve import Resolved, pick_best, resolve
-from nitro_core.resume import ResumePoint
-from nitro_core.sources import Average, Pair, RunRef, Source
+from nitro_core.sources.grammar import Average, Pair, RunRef, Source
+from nitro_core.sources.resolve import Resolved, pick_best, resolve
+from nitro_core.sources.selection import check_keep_holds
+from nitro_core.state import records, rng
+from nitro_core.state.loading import load_model_state, load_optimizer_fresh_schedule, read
+from nitro_core.store import manifest
+from nitro_core.store.manifest import ManifestEntry
+from nitro_core.training.resume import ResumePoint
 
 if TYPE_CHECKING:
-    from nitro_core.handle import Nitro
+    from nitro_core.training.handle import Nitro
 
 
 def restore_full(n: Nitro, point: ResumePoint) -> tuple[dict[str, Any] | None, rng.RngState]:
@@ -69,21 +77,11 @@ def _check_anchor(n: Nitro, point: ResumePoint) -> None:
         )
 
 
-def read(resolved: Resolved) -> Record:
-    """A resolved record's tensors, checked against its manifest sha256 when listed."""
-    tensors, meta = store.read_record(
-        resolved.path, resolved.entry.sha256 if resolved.entry else None
-    )
-    return Record(meta=meta, tensors=tensors)
-
-
 def load_weights(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None:
     """Parameters and layer state (or the EMA copy) of ``source`` into a new run."""
     opts = n.options
     name = type(n.experiment).__name__
     if isinstance(source, Pair) and isinstance(source.pick, Average):
-        from nitro_core.averaging import load_average
-
         load_average(n, source, entries)
         return
     resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
@@ -133,6 +131,49 @@ def warn_config_changed(meta: dict[str, Any], n: Nitro, origin: str) -> None:
         )
 
 
+def load_average(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None:
+    """``weights=... => Average(...)``: load the average into a new run."""
+    resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
+    result = average(resolved, n.run_dir, load_ema=n.options.load_ema)
+    warn_config_changed(result.meta, n, repr(str(source)))
+    state = result.ema if n.options.load_ema else result.state
+    load_model_state(n.model, state, n.options.strict, str(source), type(n.experiment).__name__)
+    if n.ema is not None:
+        n.ema.reset()
+    n.checkpoint_source = resolved.path
+    n.averaged_from = result.averaged_from
+
+
+def restore_average(n: Nitro, avg: Average, entries: list[ManifestEntry]) -> Average | None:
+    """``restore_best=Average(...)``: end training holding the run's own average."""
+    source = Pair(RunRef("id", n.run_id), avg)
+    try:
+        resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
+    except CheckpointNotFound as exc:
+        warnings.warn(
+            f"restore_best={avg}: run {n.run_id} ended before it held enough checkpoints "
+            f"({exc}); the handle keeps its final weights.",
+            NitroWarning,
+            stacklevel=4,
+        )
+        return None
+    result = average(resolved, n.run_dir)
+    n.model.load_state_dict(result.state)
+    if n.ema is not None:
+        if result.ema is not None:
+            n.ema.load(result.ema, n.ema.num_updates)
+        else:
+            warnings.warn(
+                f"restore_best={avg}: a picked record of run {n.run_id} keeps no EMA, so the "
+                "handle keeps its final EMA beside the averaged weights.",
+                NitroWarning,
+                stacklevel=4,
+            )
+    n.averaged_from = result.averaged_from
+    n.checkpoint_source = resolved.path
+    return avg
+
+
 class BestRestorer:
     """``restore_best``: after training, hold the run's own best (or averaged) checkpoint."""
 
@@ -146,8 +187,6 @@ class BestRestorer:
                 "checkpointer() returns None. Return a Checkpointer, or drop restore_best."
             )
         if isinstance(spec, Average):
-            from nitro_core.averaging import check_keep_holds
-
             check_keep_holds(n.checkpointer, spec, n.experiment.max_epochs)
 
     def apply(self) -> None:
@@ -157,8 +196,6 @@ class BestRestorer:
         entries = manifest.read_manifest(n.run_dir)
         own = manifest.run_entries(entries, n.run_id)
         if isinstance(self.spec, Average):
-            from nitro_core.averaging import restore_average
-
             self.holding = restore_average(n, self.spec, entries)
             return
         scored = [e for e in own if e.score is not None and e.pair == n.ranking.pair]

@@ -15,7 +15,9 @@ import torch
 
 from nitro_core.errors import ConfigError, NitroWarning
 from nitro_core.experiment import Experiment
-from nitro_core.selectors import Checkpointer
+from nitro_core.policy.selectors import Checkpointer
+from nitro_core.sources.resolve import partial_files
+from nitro_core.store import recordio as store
 
 
 def resolve_run_dir(run_dir: str | Path | None, ckpt: Checkpointer | None, name: str) -> Path:
@@ -111,9 +113,6 @@ def restore_sigint(previous: Any) -> None:
 
 def warn_partial_files(run_dir: Path) -> None:
     """Warn about ``.tmp`` files a killed write left behind (never those in flight now)."""
-    from nitro_core import store
-    from nitro_core.resolve import partial_files
-
     for path in partial_files(run_dir):
         if not store.in_flight(path):
             warnings.warn(

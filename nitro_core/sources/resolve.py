@@ -13,13 +13,15 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from nitro_core import manifest, retention
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroWarning
-from nitro_core.manifest import ManifestEntry, Point
-from nitro_core.retention import Pair as ScorePair
-from nitro_core.selectors import ranked
-from nitro_core.sources import Average, Pair, PathSource, Source
-from nitro_core.store import TMP_SUFFIX
+from nitro_core.policy import retention
+from nitro_core.policy.retention import Pair as ScorePair
+from nitro_core.policy.selectors import Best, ranked
+from nitro_core.sources import selection
+from nitro_core.sources.grammar import Average, Pair, PathSource, Source
+from nitro_core.store import manifest
+from nitro_core.store.manifest import ManifestEntry, Point
+from nitro_core.store.recordio import TMP_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -77,11 +79,58 @@ def resolve(
     if source.pick == "best":
         best = pick_best(source, pool, pair, where)
         return Resolved(source, run_dir / best.file, best)
-    from nitro_core.averaging import resolve_average  # noqa: PLC0415 - averaging builds on this module
-
     if points is None:
         points = manifest.read_points(run_dir)
     return resolve_average(source, run_dir, pool, points.get(pool[0].run, []), pair)
+
+
+def resolve_average(
+    source: Pair,
+    run_dir: Path,
+    pool: list[ManifestEntry],
+    points: list[Point],
+    pair: ScorePair | None,
+) -> Resolved:
+    """The entries ``source``'s Average names in one run (``pool``: its entries, ``points``:
+    its history), and its state record. Refuses, listing what the run kept and the keep
+    that would have held them, when the run no longer holds every point named."""
+    avg = source.pick
+    assert isinstance(avg, Average)
+    pair = ranking_pair(pool, pair)
+    chosen = selection.select(avg.selector, selection.history(points, pool), pool, pair)
+    if chosen.shortfall or chosen.gone or not chosen.picked:
+        raise CheckpointNotFound(_refusal(source, run_dir, pool, chosen))
+    picked = list(chosen.picked)
+    if avg.state == "best" or (avg.state is None and isinstance(avg.selector, Best)):
+        best = ranked([e for e in picked if e.pair == pair], pair[1])
+        state = best[0] if best else picked[-1]
+    else:
+        state = picked[-1]
+    return Resolved(source, run_dir / state.file, state, picked=tuple(picked))
+
+
+def _refusal(
+    source: Pair, run_dir: Path, pool: list[ManifestEntry], chosen: selection.Selection
+) -> str:
+    avg = source.pick
+    assert isinstance(avg, Average)
+    head = f"Cannot average {str(source)!r} in {str(run_dir)!r}: "
+    kept = selection.describe_epochs([e.epoch for e in pool])
+    if chosen.shortfall:
+        return head + (
+            f"{chosen.shortfall} (run {pool[0].run} holds epochs {kept}). Average fewer points, "
+            "or train the run further."
+        )
+    recorded = pool[-1].keep  # the run's own keep, as its latest entry recorded it
+    under = f" under keep={recorded}" if recorded else ""
+    base = recorded[1:-1] if recorded else "Best(3), Last(1)"  # '(Best(3), Last(1))' -> selectors
+    named = selection.describe_epochs([p.epoch for p in chosen.named])
+    gone = selection.describe_epochs([p.epoch for p in chosen.gone])
+    return head + (
+        f"{avg.selector} names epochs {named} of run {pool[0].run}, which kept epochs {kept}"
+        f"{under}; it no longer holds {gone}. Keep them while training: "
+        f"Checkpointer(keep=({base}, {selection.keep_for(avg.selector)}))."
+    )
 
 
 def pick_best(

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from nitro_core._version import __version__
 from nitro_core.errors import RecordError
 
 FORMAT_VERSION = 1
@@ -26,8 +27,6 @@ PREFIXES = ("params/", "buffers/", "optim/", "ema/", "rng/")
 
 
 def framework_version() -> str:
-    from nitro_core import __version__
-
     return __version__
 
 

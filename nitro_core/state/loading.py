@@ -1,4 +1,4 @@
-"""Loading a record's tensors into live objects: parameters and layer state (strict or by
+"""Reading a resolved record, and loading its tensors into live objects: parameters and layer state (strict or by
 name), an EMA's copy, and an optimizer's state under a fresh schedule. Every refusal names
 the leaf and both sizes."""
 
@@ -11,6 +11,18 @@ from typing import Any
 import torch
 
 from nitro_core.errors import ConfigError, NitroWarning
+from nitro_core.sources.resolve import Resolved
+from nitro_core.state.records import Record
+from nitro_core.store import recordio as store
+
+
+def read(resolved: Resolved) -> Record:
+    """A resolved record's header and tensors, checked against its manifest sha256 when
+    listed (else against the digest in its header)."""
+    tensors, meta = store.read_record(
+        resolved.path, resolved.entry.sha256 if resolved.entry else None
+    )
+    return Record(meta=meta, tensors=tensors)
 
 
 def load_model_state(

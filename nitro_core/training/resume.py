@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nitro_core import manifest, store
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroWarning, ResumeRefused
 from nitro_core.experiment import Experiment, config_diff
-from nitro_core.manifest import ManifestEntry
-from nitro_core.records import Record
-from nitro_core.resolve import resolve
-from nitro_core.sources import Average, Pair, Source
+from nitro_core.sources.grammar import Average, Pair, Source
+from nitro_core.sources.resolve import resolve
+from nitro_core.state.records import Record
+from nitro_core.store import manifest
+from nitro_core.store import recordio as store
+from nitro_core.store.manifest import ManifestEntry
 
 
 @dataclass

@@ -16,19 +16,20 @@ from typing import Any
 
 import anyio
 
-from nitro_core import manifest, retention
-from nitro_core.averaging import check_keep_holds
 from nitro_core.errors import ConfigError, NitroError
 from nitro_core.experiment import Experiment, host_fields
 from nitro_core.info import checkpoint_info
 from nitro_core.jobs import JobManager, JobStatus
 from nitro_core.jobs.files import TERMINAL, job_dir, log_tail
-from nitro_core.options import check_options
+from nitro_core.policy import retention
 from nitro_core.registry import load_registry, lookup
-from nitro_core.resolve import resolve
-from nitro_core.resume import latest_point, resume_from_source
-from nitro_core.sources import Average, Pair, PathSource, Source, to_source
-from nitro_core.wiring import check_seed
+from nitro_core.sources.grammar import Average, Pair, PathSource, Source, to_source
+from nitro_core.sources.resolve import resolve
+from nitro_core.sources.selection import check_keep_holds
+from nitro_core.store import manifest
+from nitro_core.training.options import check_options
+from nitro_core.training.resume import latest_point, resume_from_source
+from nitro_core.training.setup import check_seed
 from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
@@ -455,7 +456,7 @@ def _check_seed(seed: int | None) -> None:
 def _check_device(device: str) -> None:
     """'auto', 'cpu', 'cuda' or 'cuda:N' for a device this machine has, refused at the call
     rather than by torch in the worker."""
-    from nitro_core.wiring import resolve_device  # lazy: wiring imports torch
+    from nitro_core.training.setup import resolve_device  # lazy: wiring imports torch
 
     resolve_device(clip_text(device) if isinstance(device, str) else device)
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from nitro_core.anchor import W0Anchor
-from nitro_core.ema import EMATracker
 from nitro_core.errors import NonFiniteLoss
 from nitro_core.experiment import Experiment
-from nitro_core.progress import Progress
+from nitro_core.state.anchor import W0Anchor
+from nitro_core.state.ema import EMATracker
+from nitro_core.training.progress import Progress
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

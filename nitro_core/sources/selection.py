@@ -16,8 +16,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nitro_core.manifest import ManifestEntry, Point
-from nitro_core.selectors import Best, Epochs, Every, Last, Mode, Selector, ranked
+from nitro_core.errors import ConfigError
+from nitro_core.policy.selectors import (
+    Best,
+    Checkpointer,
+    Epochs,
+    Every,
+    Last,
+    Mode,
+    Selector,
+    ranked,
+)
+from nitro_core.sources.grammar import Average
+from nitro_core.store.manifest import ManifestEntry, Point
 
 Pair = tuple[str | None, Mode | None]
 
@@ -129,6 +140,25 @@ def _holds_epochs(keep: Sequence[Selector], epochs: Sequence[int], last_epoch: i
         )
 
     return all(kept(e) for e in epochs)
+
+
+def keep_for(sel: Selector) -> str:
+    if isinstance(sel, Best):
+        return str(sel.among) if sel.among is not None else f"Best({sel.k})"
+    return str(sel)
+
+
+def check_keep_holds(ckpt: Checkpointer | None, avg: Average, max_epochs: int) -> None:
+    """Setup refusal for ``restore_best=Average(...)``: refuse only a keep that cannot hold,
+    at the end of a ``max_epochs`` run, everything the selector will name."""
+    keep = ckpt.keep if ckpt is not None else ()
+    if not keep_holds(keep, avg.selector, max_epochs):
+        current = ", ".join(map(str, keep))
+        raise ConfigError(
+            f"restore_best={avg} needs records that keep=({current}) does not hold at the end of "
+            f"training (max_epochs={max_epochs}). Keep them: "
+            f"Checkpointer(keep=({current}, {keep_for(avg.selector)}))."
+        )
 
 
 def _epochs(epochs: Sequence[int], limit: int = 8) -> str:

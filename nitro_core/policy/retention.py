@@ -12,8 +12,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nitro_core.manifest import ManifestEntry
-from nitro_core.selectors import Best, Checkpointer, Mode, pick, ranked
+from nitro_core.policy.selectors import Best, Checkpointer, Mode, pick, ranked
+from nitro_core.sources.grammar import parse_keep
+from nitro_core.store.manifest import ManifestEntry
 
 Pair = tuple[str | None, Mode | None]
 
@@ -66,8 +67,6 @@ def keep_reasons(
 def explain(entries: Sequence[ManifestEntry], run: str) -> dict[str, tuple[str, ...]]:
     """Why each of ``run``'s entries is kept, from the keep its latest entry recorded
     (empty when the run recorded none)."""
-    from nitro_core.sources import parse_keep
-
     mine = [e for e in entries if e.run == run]
     if not mine or mine[-1].keep is None:
         return {}

@@ -17,20 +17,23 @@ from typing import Any
 
 import torch
 
-from nitro_core import manifest, ranking, records, rng, store, wiring
-from nitro_core.anchor import W0Anchor
-from nitro_core.checkpointing import CheckpointWriter
-from nitro_core.ema import EMA, EMATracker
 from nitro_core.errors import ConfigError, NitroWarning, TrainingRefused
 from nitro_core.experiment import Experiment, check_required_hooks, config_of, host_fields
-from nitro_core.loop import StepHooks, evaluate, train_epoch
-from nitro_core.manifest import StopReason
-from nitro_core.options import check_options
-from nitro_core.progress import Progress
-from nitro_core.restore import BestRestorer, load_weights, restore_full
-from nitro_core.resume import ResumePoint, latest_point, resume_from_source
-from nitro_core.selectors import Checkpointer
-from nitro_core.stopping import EarlyStopper, EarlyStopping, Plateau
+from nitro_core.policy.selectors import Checkpointer
+from nitro_core.state import records, rng
+from nitro_core.state.anchor import W0Anchor
+from nitro_core.state.ema import EMA, EMATracker
+from nitro_core.store import manifest
+from nitro_core.store import recordio as store
+from nitro_core.store.manifest import StopReason
+from nitro_core.training import ranking, setup
+from nitro_core.training.checkpointing import CheckpointWriter
+from nitro_core.training.loop import StepHooks, evaluate, train_epoch
+from nitro_core.training.options import check_options
+from nitro_core.training.progress import Progress
+from nitro_core.training.restore import BestRestorer, load_weights, restore_full
+from nitro_core.training.resume import ResumePoint, latest_point, resume_from_source
+from nitro_core.training.stopping import EarlyStopper, EarlyStopping, Plateau
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +78,13 @@ class Nitro:
                 f"{name}.checkpointer() returned {ckpt!r}; return Checkpointer(keep=...) or None."
             )
         self.checkpointer: Checkpointer | None = ckpt
-        self.run_dir = wiring.resolve_run_dir(run_dir, ckpt, name)
-        self.device = wiring.resolve_device(device)
+        self.run_dir = setup.resolve_run_dir(run_dir, ckpt, name)
+        self.device = setup.resolve_device(device)
         self.options = check_options(
             resume, weights, restore_optimizer, restore_best, load_ema, strict
         )
         entries = manifest.read_manifest(self.run_dir)
-        wiring.warn_partial_files(self.run_dir)
+        setup.warn_partial_files(self.run_dir)
 
         # which record, if any, this handle continues
         point = self._resume_point(entries)
@@ -97,7 +100,7 @@ class Nitro:
                 )
             seed = point.seed
             point.check_environment(torch.get_num_threads(), self.device)
-        self.seed = wiring.check_seed(seed)
+        self.seed = setup.check_seed(seed)
         self.run_id = point.continue_run if point and point.continue_run else secrets.token_hex(4)
         self.parent = point.parent if point else None
         self.checkpoint_source: Path | None = point.path if point else None
@@ -114,22 +117,22 @@ class Nitro:
 
         # build everything from the seed
         rng.seed_everything(self.seed)
-        self.data = wiring.build_splits(experiment)
+        self.data = setup.build_splits(experiment)
         self.model = experiment.build_model().to(self.device)
         self.optimizer = experiment.build_optimizer(self.model)
         train = self.data["train"]
         steps = experiment.max_epochs * len(train) if hasattr(train, "__len__") else None
         self.scheduler = experiment.lr_scheduler(self.optimizer, steps)
         ema = experiment.ema()
-        wiring.check_kind(name, "ema", ema, EMA)
+        setup.check_kind(name, "ema", ema, EMA)
         self.ema = EMATracker(self.model, ema.decay) if ema is not None else None
         anchor = experiment.decay_anchor()
         if anchor not in ("zero", "w0"):
             raise ConfigError(f"{name}.decay_anchor() returned {anchor!r}; return 'zero' or 'w0'.")
         self.anchor = W0Anchor(self.optimizer) if anchor == "w0" else None
         early, plateau = experiment.early_stopping(), experiment.plateau()
-        wiring.check_kind(name, "early_stopping", early, EarlyStopping)
-        wiring.check_kind(name, "plateau", plateau, Plateau)
+        setup.check_kind(name, "early_stopping", early, EarlyStopping)
+        setup.check_kind(name, "plateau", plateau, Plateau)
         self.ranking = ranking.resolve(experiment, ckpt, list(self.data), early, plateau)
         mode = self.ranking.monitor[1] if self.ranking.monitor else "min"
         self.early_stopper = EarlyStopper(early, mode) if early is not None else None
@@ -198,7 +201,7 @@ class Nitro:
                 rng.restore(*self._start_rng)
                 self._start_rng = None
             self._stop.clear()
-            previous = wiring.install_sigint(self.request_stop)
+            previous = setup.install_sigint(self.request_stop)
             try:
                 while self.epoch < self.experiment.max_epochs:
                     row = self._epoch(hooks)
@@ -207,7 +210,7 @@ class Nitro:
                     if self.stop_reason is not None:
                         break
             finally:
-                wiring.restore_sigint(previous)
+                setup.restore_sigint(previous)
                 self.logger.close()  # reopened on the next row, if this handle trains again
         self._best.apply()
         return self
@@ -267,7 +270,7 @@ class Nitro:
         if self._writer is not None:
             score = metrics.get(self.ranking.pair[0]) if self.ranking.pair[0] else None
             self._writer.save(epoch, self.step, score, self.stop_reason, self._snapshot)
-        self._progress.epoch_end(wiring.summary(row))
+        self._progress.epoch_end(setup.summary(row))
         return row
 
     def close(self) -> None:

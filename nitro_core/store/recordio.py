@@ -12,7 +12,7 @@ average, an export) is published with ``link``, which never replaces a file, so 
 of one new name cannot both succeed.
 
 Every record carries ``tensor_digest`` in its header: a digest of its data section (the
-tensor bytes, in file order; :mod:`nitro_core.digest`). A reader checks the whole file
+tensor bytes, in file order; :mod:`nitro_core.store.digest`). A reader checks the whole file
 against the manifest's sha256 when it has one, and the data section against
 ``tensor_digest`` otherwise, so a record no manifest lists is checked too. The writer
 hashes the host tensors in 8 MiB blocks on every core before it writes the header (memory
@@ -22,7 +22,7 @@ whole-file sha256 for the manifest.
 Space is checked before a commit (the record's bytes, and room to rewrite the manifest
 before the record is renamed into place), and a disk that fills anyway leaves no temporary
 file behind: the error is :class:`DiskFull`. Nothing is opened through a link planted in
-a run directory (:mod:`nitro_core.safeio`).
+a run directory (:mod:`nitro_core.store.safeio`).
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ from typing import Any
 
 import torch
 
-from nitro_core import digest, safeio
-from nitro_core.claims import (
+from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, DiskFull, RecordError
+from nitro_core.store import digest, safeio
+from nitro_core.store.claims import (
     LOCK_NAME,
     TMP_SUFFIX,
     Reservation,
@@ -56,8 +57,7 @@ from nitro_core.claims import (
     set_aside,
     tmp_path,
 )
-from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, DiskFull, RecordError
-from nitro_core.safeio import fsync_dir, is_disk_full, open_nofollow
+from nitro_core.store.safeio import fsync_dir, is_disk_full, open_nofollow
 
 # the public names; those from claims are re-exported, so callers find every one here
 __all__ = [

@@ -1,0 +1,5 @@
+"""The handle and its collaborators: ``handle`` (``Nitro``), ``setup`` (run directory,
+device, splits, Ctrl+C), ``options`` (the loading keywords), ``ranking`` (the monitor and
+its setup refusals), ``loop`` (one epoch, evaluation), ``checkpointing`` (the writer),
+``resume`` and ``restore`` (applying records to a handle, averages included),
+``stopping``, ``loggers``, ``progress`` and ``data``."""
