@@ -119,8 +119,10 @@ class Experiment(BaseModel):
         """Which records to keep; ``None`` writes nothing."""
         return Checkpointer(keep=(Best(3), Last(1)))
 
-    def lr_scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
-        """A scheduler stepped once per optimizer step, or None."""
+    def lr_scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int | None) -> Any:
+        """A scheduler stepped once per optimizer step, or None. ``total_steps`` is
+        ``max_epochs`` times the batches per epoch, or None when the training data has no
+        length."""
         return None
 
     def ema(self) -> Any:
@@ -185,6 +187,7 @@ def config_diff(recorded: Mapping[str, Any], exp: Experiment) -> list[str]:
         if name in host:
             continue
         if name not in recorded:
+            assert info.annotation is not None  # pydantic stores `x: None` as NoneType
             default = TypeAdapter(info.annotation).dump_python(
                 info.get_default(call_default_factory=True), mode="json"
             )

@@ -69,6 +69,7 @@ def _from_source(
         run_dir = Path(src.path).parent
     run_dir = Path(run_dir)
     resolved = resolve(src, run_dir, manifest.read_manifest(run_dir))
+    averaged_from: dict[str, Any] | None
     if isinstance(src, Pair) and isinstance(src.pick, Average):
         result = average(resolved, run_dir)
         meta, state, averaged_from = result.meta, result.state, result.averaged_from

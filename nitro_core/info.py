@@ -11,4 +11,5 @@ from nitro_core.store import recordio as store
 def checkpoint_info(path: str | Path) -> dict[str, Any]:
     """The JSON header of a record (step, epoch, seed, run, config, metrics, layout, ...),
     read from the header bytes alone; no tensor is loaded."""
-    return store.read_header(Path(path))
+    path = Path(path)
+    return store.read_header(path.resolve() if path.is_symlink() else path)  # named: followed

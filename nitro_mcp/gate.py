@@ -150,6 +150,7 @@ class Gate:
         where = self._run_dir(run_dir, experiment)
         _check_wait(wait_s, 60)
         opts = check_options(False, weights, False, False, load_ema, True)
+        assert opts.weights is not None  # weights is a string, so it became a source
         self._check_source(opts.weights, where, "weights")
         splits = self._experiment_splits(experiment)
         if splits is not None and split not in splits:
@@ -239,7 +240,7 @@ class Gate:
                 f"state={clip(state)} is not a job state; write queued, running, succeeded, failed, stopped or lost."
             )
         start, limit = _page(cursor, limit, 100)
-        jobs = self.jobs.list(state)  # type: ignore[arg-type]
+        jobs = self.jobs.list(state)  # type: ignore[arg-type]  # a JobState: checked just above
         page = jobs[start : start + limit]
         experiments = {s.job_id: self._spec_experiment(s.job_id) for s in page}
         return models.JobsPage(
@@ -281,7 +282,9 @@ class Gate:
             best = None
             if scored:
                 pick = min if scored[-1].mode == "min" else max
-                best = pick(e.score for e in scored if e.pair == scored[-1].pair)
+                best = pick(
+                    e.score for e in scored if e.score is not None and e.pair == scored[-1].pair
+                )
             out.append(
                 models.RunSummary(
                     run=run,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import overload
 
 from nitro_core.errors import ConfigError
 from nitro_mcp.echo import clip
@@ -79,6 +80,12 @@ def file_in_the_way(path: Path) -> Path | None:
     return None
 
 
+@overload
+def shown(root: Path, path: Path | str) -> str: ...
+@overload
+def shown(root: Path, path: None) -> None: ...
+@overload
+def shown(root: Path, path: Path | str | None) -> str | None: ...
 def shown(root: Path, path: Path | str | None) -> str | None:
     """A path as the client should see it: relative to the root when inside it."""
     if path is None:

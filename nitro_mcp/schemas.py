@@ -21,7 +21,7 @@ async def _tool_schemas() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as root:
         async with Client(build_server(root)) as client:
             tools = (await client.list_tools()).tools
-    out = {}
+    out: dict[str, dict[str, Any] | None] = {}  # a tool without output has no schema
     for tool in tools:
         out[f"tools/{tool.name}.input.json"] = tool.input_schema
         out[f"tools/{tool.name}.output.json"] = tool.output_schema

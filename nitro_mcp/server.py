@@ -325,11 +325,10 @@ def _forbid_unknown_arguments(server: MCPServer) -> None:
                     )
             return data
 
-        strict = pydantic.create_model(
-            base.__name__,
-            __base__=base,
-            __validators__={"_known": pydantic.model_validator(mode="before")(classmethod(check))},
-        )
+        # pydantic makes ``check`` a classmethod (its first parameter is ``cls``); the
+        # descriptor it returns is what create_model takes, though typed there as a callable
+        validators: dict[str, Any] = {"_known": pydantic.model_validator(mode="before")(check)}
+        strict = pydantic.create_model(base.__name__, __base__=base, __validators__=validators)
         strict.model_config["extra"] = "forbid"
         strict.model_rebuild(force=True)
         tool.fn_metadata.arg_model = strict

@@ -2,7 +2,8 @@
 
 from nitro_core.examples.classifier import Classifier
 from nitro_core.examples.regression import Regression
+from nitro_core.experiment import Experiment
 
-EXAMPLES = {"Classifier": Classifier, "Regression": Regression}
+EXAMPLES: dict[str, type[Experiment]] = {"Classifier": Classifier, "Regression": Regression}
 
 __all__ = ["EXAMPLES", "Classifier", "Regression"]

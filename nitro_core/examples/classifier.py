@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from pydantic import Field
 
@@ -51,14 +53,16 @@ class Classifier(Experiment):
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
 
-    def metrics(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, tuple]:
+    def metrics(
+        self, model: torch.nn.Module, batch: dict[str, torch.Tensor]
+    ) -> dict[str, tuple[torch.Tensor, int]]:
         correct = (model(batch["x"]).argmax(dim=1) == batch["y"]).sum()
         return {"acc": (correct, len(batch["y"]))}
 
     def eval_loss(self) -> bool:
         return True
 
-    def monitor(self) -> tuple[str, str]:
+    def monitor(self) -> tuple[str, Literal["min", "max"]]:
         return ("acc", "max")
 
     def ema(self) -> EMA:

@@ -1,17 +1,28 @@
 """A job's files: ``spec.json`` (what to run, written once), ``status.json`` (rewritten
 atomically by whoever owns the job's state), ``events.jsonl`` (one line per epoch and
-state change) and ``log.txt`` (the worker's stderr and stdout)."""
+state change) and ``log.txt`` (the worker's stderr and stdout).
+
+The job store ``<root>/.nitro/jobs/<job_id>/`` holds real directories only: a link at
+``.nitro``, ``.nitro/jobs`` or a job's directory is refused (:class:`UnsafePath`) before
+anything is read or written through it, and every file of a job is opened without following
+a link (``O_NOFOLLOW``), so a link planted in the store never leads a read or a write out of
+the root."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import stat
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from nitro_core.errors import UnsafePath
 from nitro_core.store import recordio as store
+from nitro_core.store.safeio import flocked, open_nofollow
 
 JobKind = Literal["train", "validate", "average"]
 JobState = Literal["queued", "running", "succeeded", "failed", "stopped", "lost"]
@@ -76,36 +87,106 @@ class JobStatus(BaseModel):
     ended: str | None = None
 
 
+log = logging.getLogger(__name__)
+
+STORE_NAME = ".nitro"
+WHERE = "its job store"  # for safeio's link refusal
+
+
 def job_dir(root: Path, job_id: str) -> Path:
-    return root / ".nitro" / "jobs" / job_id
+    return root / STORE_NAME / "jobs" / job_id
+
+
+def store_link_refusal(path: Path) -> UnsafePath:
+    return UnsafePath(
+        f"Refusing to use {str(path)!r}: it is a symbolic link, and Nitro keeps its job store "
+        "only in real directories under the root (a link could lead outside it). Remove the "
+        "link, or replace it by a real directory."
+    )
+
+
+def real_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory (False when missing or a file); a link is refused."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if stat.S_ISLNK(mode):
+        raise store_link_refusal(path)
+    return stat.S_ISDIR(mode)
+
+
+def checked(directory: Path) -> Path:
+    """A job's directory, once neither it nor ``jobs/`` nor ``.nitro/`` above it is a link."""
+    for d in (directory.parent.parent, directory.parent, directory):
+        if os.path.islink(d):
+            raise store_link_refusal(d)
+    return directory
+
+
+def _open(directory: Path, name: str, flags: int) -> int:
+    return open_nofollow(checked(directory) / name, flags, where=WHERE)
+
+
+def _read_bytes(directory: Path, name: str) -> bytes:
+    # O_NONBLOCK: a FIFO planted under the name is read as empty instead of hanging
+    with os.fdopen(_open(directory, name, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        return f.read()
 
 
 def write_json(path: Path, model: BaseModel) -> None:
     body = model.model_dump_json(indent=1).encode()
-    store.commit(lambda f: f.write(body), path)
+    checked(path.parent)
+    store.commit(lambda f: f.write(body), path)  # a .tmp never followed, renamed over a link
 
 
 def read_spec(directory: Path) -> JobSpec:
-    return JobSpec.model_validate_json((directory / "spec.json").read_bytes())
+    return JobSpec.model_validate_json(_read_bytes(directory, "spec.json"))
 
 
 def read_status(directory: Path) -> JobStatus:
-    return JobStatus.model_validate_json((directory / "status.json").read_bytes())
+    return JobStatus.model_validate_json(_read_bytes(directory, "status.json"))
 
 
 def append_event(directory: Path, event: dict[str, Any]) -> None:
-    with open(directory / "events.jsonl", "a") as f:
+    fd = _open(directory, "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    with os.fdopen(fd, "a") as f:
         f.write(json.dumps(event, allow_nan=True) + "\n")
+
+
+def note_event(directory: Path, event: dict[str, Any]) -> None:
+    """``append_event`` for a change ``status.json`` holds already: a link at
+    ``events.jsonl`` is refused (nothing is written through it) and logged, and the caller
+    goes on, so one planted link never breaks listing or stopping the other jobs."""
+    try:
+        append_event(directory, event)
+    except UnsafePath as exc:
+        log.warning(
+            "the %s event of job %s is not recorded: %s", event.get("event"), directory.name, exc
+        )
+
+
+def open_log(directory: Path) -> IO[bytes]:
+    """The job's log, opened for appending (the worker's stdout and stderr)."""
+    return os.fdopen(_open(directory, "log.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
+
+
+def locked(directory: Path, name: str) -> AbstractContextManager[bool]:
+    """Hold the lock file ``name`` of a job's directory (or of ``.nitro``) for the block."""
+    return flocked(checked(directory) / name, where=WHERE)
 
 
 def log_tail(directory: Path, limit: int = 4000) -> str:
     """The last ``limit`` bytes of the job's log, cut at a line start."""
-    path = directory / "log.txt"
     try:
-        size = path.stat().st_size
+        fd = _open(directory, "log.txt", os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         return ""
-    with open(path, "rb") as f:
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return ""  # a directory or a FIFO in its place: no log to show
+        size = st.st_size
         f.seek(max(0, size - limit))
         data = f.read()
     text = data.decode(errors="replace")

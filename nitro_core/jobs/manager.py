@@ -5,11 +5,13 @@ Workers run in their own session, so they outlive the server and a client's disc
 worker that ends starts the next queued job itself (``pump``), so the queue drains with no
 server or client attached. A new manager over the same root sees every earlier job; one
 whose worker vanished without recording an end is reported as ``lost``. Anything in the job
-store that is not a job (a stray file, a half-created directory) is skipped.
+store that is not a job (a stray file, a half-created directory, a link) is skipped; a link
+at ``.nitro`` or ``.nitro/jobs`` is refused (:mod:`nitro_core.jobs.files`).
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import secrets
@@ -21,10 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
-from nitro_core.errors import CheckpointNotFound, ConfigError
+from nitro_core.errors import CheckpointNotFound, ConfigError, UnsafePath
 from nitro_core.jobs.files import (
+    STORE_NAME,
     TERMINAL,
     JobSpec,
     JobState,
@@ -32,8 +33,12 @@ from nitro_core.jobs.files import (
     alive,
     append_event,
     job_dir,
+    locked,
+    note_event,
+    open_log,
     read_spec,
     read_status,
+    real_dir,
     write_json,
 )
 from nitro_core.jobs.status import compare_and_set, update_status_if
@@ -48,7 +53,8 @@ class JobManager:
     def __init__(self, root: Path, max_jobs: int = 2) -> None:
         self.root = Path(root).resolve()
         self.max_jobs = max_jobs
-        self.jobs_dir = self.root / ".nitro" / "jobs"
+        self.store_dir = self.root / STORE_NAME
+        self.jobs_dir = self.store_dir / "jobs"
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- creating and starting ------------------------------------------------------------------
@@ -56,6 +62,8 @@ class JobManager:
         """Create a job from spec fields (validated already) and start it when a slot is free."""
         job_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
         directory = job_dir(self.root, job_id)
+        for d in (self.store_dir, self.jobs_dir):
+            real_dir(d)  # a link is refused before anything is created through it
         try:
             directory.mkdir(parents=True)
         except OSError as exc:  # .nitro or .nitro/jobs is a file, or the disk refuses
@@ -83,7 +91,7 @@ class JobManager:
         ending workers pump under one lock, so together they never exceed ``max_jobs``."""
         if not any(s.state == "queued" for s in self._all()):
             return  # nothing to start (the common case: no lock, no file written)
-        with FileLock(self.root / ".nitro" / "pump.lock"):
+        with locked(self.store_dir, "pump.lock"):
             statuses = [self._refresh(s) for s in self._all()]
             running = sum(s.state == "running" for s in statuses)
             queued = sorted((s for s in statuses if s.state == "queued"), key=lambda s: s.created)
@@ -103,7 +111,7 @@ class JobManager:
         ):
             return  # another server claimed it, or it was stopped meanwhile
         try:
-            with open(directory / "log.txt", "ab") as log_file:  # the child keeps its own copy
+            with open_log(directory) as log_file:  # the child keeps its own copy
                 child = subprocess.Popen(
                     # -P: the root (cwd) is not on sys.path, so files there cannot shadow modules
                     [sys.executable, "-P", "-m", "nitro_core.jobs.worker", str(directory)],
@@ -114,6 +122,12 @@ class JobManager:
                     start_new_session=True,  # outlives the server and a client's disconnect
                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 )
+        except UnsafePath as exc:  # log.txt is a link
+            update_status_if(
+                directory, {"running"}, state="failed", phase="failed", ended=now_iso(),
+                error=str(exc), hint="Remove the link, then submit the job again.",
+            )  # fmt: skip
+            return
         except OSError as exc:
             update_status_if(
                 directory, {"running"}, state="failed", phase="failed", ended=now_iso(),
@@ -144,6 +158,8 @@ class JobManager:
         self.status(job_id)
         try:
             return read_spec(job_dir(self.root, job_id))
+        except UnsafePath:
+            raise
         except (OSError, ValueError) as exc:
             raise CheckpointNotFound(
                 f"Job {job_id!r} under {str(self.jobs_dir)!r} has no readable spec.json "
@@ -153,6 +169,8 @@ class JobManager:
     def _read(self, directory: Path, job_id: str) -> JobStatus:
         try:
             status = read_status(directory)
+        except UnsafePath:  # a link in place of the job or of one of its files: say so
+            raise
         except (OSError, ValueError):  # missing, a file in place of the job, or not ours
             status = None
         if status is None or status.job_id != job_id:
@@ -161,19 +179,22 @@ class JobManager:
             )
         return status
 
-    def list(self, state: JobState | None = None) -> list[JobStatus]:
+    def list(self, state: JobState | None = None) -> builtins.list[JobStatus]:
         """Every job, newest first."""
         self.pump()
         out = [self._refresh(s) for s in self._all()]
         out = [s for s in out if state is None or s.state == state]
         return sorted(out, key=lambda s: s.created, reverse=True)
 
-    def _all(self) -> list[JobStatus]:
+    def _all(self) -> builtins.list[JobStatus]:  # builtins: the method list() shadows it
         """Every job's status; whatever else the job store holds is skipped."""
-        if not self.jobs_dir.is_dir():
+        if not (real_dir(self.store_dir) and real_dir(self.jobs_dir)):  # a link: refused
             return []
         out = []
         for directory in self.jobs_dir.iterdir():
+            if directory.is_symlink():  # never followed: it could lead out of the root
+                log.debug("skipping %s in the job store: it is a symbolic link", directory.name)
+                continue
             try:
                 status = read_status(directory)
             except (OSError, ValueError) as exc:  # being created right now, or not a job
@@ -215,7 +236,7 @@ class JobManager:
             event = "lost"
         if ended is None:
             return read_status(directory)
-        append_event(directory, {"time": now_iso(), "event": event})
+        note_event(directory, {"time": now_iso(), "event": event})
         return ended
 
     # -- stopping ---------------------------------------------------------------------------------
@@ -235,7 +256,7 @@ class JobManager:
                 directory, {"queued"}, state="stopped", phase="cancelled", ended=now_iso()
             )
             if cancelled is not None:
-                append_event(directory, {"time": now_iso(), "event": "stopped"})
+                note_event(directory, {"time": now_iso(), "event": "stopped"})
                 self.pump()
                 return cancelled
         # the flag first: a worker without a pid yet reads it when it starts, and one that
@@ -248,7 +269,7 @@ class JobManager:
             os.killpg(flagged.pid, sig) if force else os.kill(flagged.pid, sig)
         except ProcessLookupError:
             return self._refresh(read_status(directory))
-        append_event(directory, {"time": now_iso(), "event": "kill" if force else "stop_requested"})
+        note_event(directory, {"time": now_iso(), "event": "kill" if force else "stop_requested"})
         if not force:
             return read_status(directory)
         child = self._children.pop(job_id, None)

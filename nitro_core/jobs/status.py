@@ -1,5 +1,6 @@
-"""Compare-and-set of a job's ``status.json`` under a per-job file lock, so the server and
-the worker never overwrite each other's fields.
+"""Compare-and-set of a job's ``status.json`` under a per-job file lock (``.status.lock``,
+never opened through a link), so the server and the worker never overwrite each other's
+fields.
 
 Every change is conditional: a state moves only from the states its writer expects, and a
 terminal state (succeeded, failed, stopped, lost) is final. A fast worker's result is
@@ -13,9 +14,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
-from nitro_core.jobs.files import TERMINAL, JobStatus, read_status, write_json
+from nitro_core.jobs.files import TERMINAL, JobStatus, locked, read_status, write_json
 
 
 def compare_and_set(
@@ -23,7 +22,7 @@ def compare_and_set(
 ) -> JobStatus | None:
     """Apply ``changes`` when the current status passes ``check`` and is not terminal;
     the new status, or None when it was left as it was."""
-    with FileLock(directory / ".status.lock"):
+    with locked(directory, ".status.lock"):  # a flock on a file never followed through a link
         status = read_status(directory)
         if status.state in TERMINAL or not check(status):
             return None

@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from nitro_core.errors import CheckpointCorrupt, MonitorError, NitroError
-from nitro_core.jobs.files import JobSpec, append_event, process_start, read_spec, read_status
+from nitro_core.jobs.files import (
+    JobSpec,
+    append_event,
+    note_event,
+    process_start,
+    read_spec,
+    read_status,
+)
 from nitro_core.jobs.manager import JobManager
 from nitro_core.jobs.status import update_status, update_status_if
 from nitro_core.store.manifest import now_iso
@@ -57,11 +64,11 @@ def _main(spec: JobSpec, directory: Path, stop: _Stop) -> int:
         if me is not None:
             _end(directory, "stopped", phase="cancelled")
         return 0
-    append_event(directory, {"time": now_iso(), "event": "started"})
     stop.watch()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
+            append_event(directory, {"time": now_iso(), "event": "started"})  # a link: failed
             result, state = _run(spec, directory, stop)
         except _StoppedEarly:
             _end(directory, "stopped", phase="cancelled")
@@ -86,7 +93,7 @@ def _end(directory: Path, state: str, detail: dict[str, Any] | None = None, **ch
             "the job had already ended (%s); this %s is not recorded", _state(directory), state
         )
         return
-    append_event(directory, {"time": now_iso(), "event": state, **(detail or {})})
+    note_event(directory, {"time": now_iso(), "event": state, **(detail or {})})
 
 
 def _state(directory: Path) -> str:
@@ -152,6 +159,7 @@ class _Stop:
 def _experiment(spec: JobSpec) -> Any:
     from nitro_core.registry import load_registry, lookup  # lazy: examples import torch
 
+    assert spec.experiment is not None  # the server submits no job needing one without it
     cls = lookup(load_registry(spec.experiment_modules), spec.experiment)
     return cls(**spec.overrides)
 

@@ -16,7 +16,7 @@ import re
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Literal, Protocol, TypeGuard, TypeVar, Union
 
 from nitro_core.errors import ConfigError, NitroDeprecationWarning
 
@@ -136,9 +136,10 @@ def _epochs(spec: object) -> tuple[range | tuple[int, ...], str]:
                 f"Epochs(...) names more than {MAX_COUNT} epochs; a selector picks at most "
                 f"{MAX_COUNT} records. Write a range, e.g. Epochs(range(1, {MAX_COUNT + 1}))."
             )
-        if not values or any(isinstance(e, bool) or not isinstance(e, int) for e in values):
+        numbers = [e for e in values if isinstance(e, int) and not isinstance(e, bool)]
+        if not values or len(numbers) != len(values):
             raise ConfigError(f"Epochs({_short(repr(spec))}): give positive epoch numbers; {hint}")
-        epochs = tuple(sorted(set(values)))
+        epochs = tuple(sorted(set(numbers)))
         text = "[" + ", ".join(map(str, values)) + "]"
     if not epochs or epochs[0] < 1:
         raise ConfigError(f"Epochs({_short(repr(spec))}): give positive epoch numbers; {hint}")
@@ -155,7 +156,7 @@ def _epochs(spec: object) -> tuple[range | tuple[int, ...], str]:
     return epochs, text
 
 
-def _iterable(value: object) -> bool:
+def _iterable(value: object) -> TypeGuard[Iterable[object]]:
     return isinstance(value, Iterable) and not isinstance(value, str | bytes)
 
 
@@ -186,9 +187,17 @@ def pick(
     return [e for e in entries if id(e) in chosen]
 
 
-def ranked(
-    entries: Sequence[ManifestEntry], mode: Mode | None, k: int | None = None
-) -> list[ManifestEntry]:
+class Scored(Protocol):
+    """What :func:`ranked` ranks: a manifest entry or a run's point."""
+
+    @property
+    def score(self) -> float | None: ...
+
+
+_S = TypeVar("_S", bound=Scored)
+
+
+def ranked(entries: Sequence[_S], mode: Mode | None, k: int | None = None) -> list[_S]:
     """Scored entries, best first (only the best ``k`` when given, without a full sort);
     ties keep the earlier entry first. An unknown mode ranks nothing."""
     if mode is None:
@@ -198,33 +207,53 @@ def ranked(
     ]
     sign = 1.0 if mode == "min" else -1.0
 
-    def key(ie: tuple[int, ManifestEntry]) -> tuple[float, int]:
-        return (sign * ie[1].score, ie[0])
+    def key(ie: tuple[int, _S]) -> tuple[float, int]:
+        score = ie[1].score
+        assert score is not None  # only scored entries are ranked (filtered above)
+        return (sign * score, ie[0])
 
     best = heapq.nsmallest(k, scored, key=key) if k is not None else sorted(scored, key=key)
     return [e for _, e in best]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Checkpointer:
     """Which records a run writes and keeps: the union of the ``keep`` selectors.
 
-    ``metric`` and ``mode`` rank by something other than the experiment's monitor (give
-    both). ``scope="run"`` confines retention to the run's own entries; ``scope="dir"``
-    ranks and deletes across every run in the directory. ``dir`` stores records somewhere
-    other than the run directory; ``name`` prefixes every record's file name.
+    ``keep`` takes one selector or several and is stored as a tuple. ``metric`` and
+    ``mode`` rank by something other than the experiment's monitor (give both).
+    ``scope="run"`` confines retention to the run's own entries; ``scope="dir"`` ranks and
+    deletes across every run in the directory. ``dir`` stores records somewhere other than
+    the run directory; ``name`` prefixes every record's file name.
     """
 
-    keep: Selector | tuple[Selector, ...] = (Best(3), Last(1))
-    metric: str | None = None
-    mode: Mode | None = None
-    scope: Scope = "run"
-    dir: str | None = None
-    name: str | None = None
+    keep: tuple[Selector, ...]
+    metric: str | None
+    mode: Mode | None
+    scope: Scope
+    dir: str | None
+    name: str | None
 
-    def __post_init__(self) -> None:
-        keep = self.keep if isinstance(self.keep, tuple | list) else (self.keep,)
-        object.__setattr__(self, "keep", tuple(keep))
+    def __init__(
+        self,
+        keep: Selector | tuple[Selector, ...] | list[Selector] = (Best(3), Last(1)),
+        metric: str | None = None,
+        mode: Mode | None = None,
+        scope: Scope = "run",
+        dir: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        # A hand-written __init__ so that ``keep`` accepts one selector yet reads as a tuple.
+        selectors = keep if isinstance(keep, tuple | list) else (keep,)
+        object.__setattr__(self, "keep", tuple(selectors))
+        object.__setattr__(self, "metric", metric)
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "scope", scope)
+        object.__setattr__(self, "dir", dir)
+        object.__setattr__(self, "name", name)
+        self._validate()
+
+    def _validate(self) -> None:
         if not self.keep:
             raise ConfigError(
                 "Checkpointer(keep=()) keeps nothing; write Checkpointer(keep=Last(1)), or "

@@ -88,7 +88,10 @@ class RunRef:
     id: str | None = None
 
     def __str__(self) -> str:
-        return self.id if self.kind == "id" else self.kind
+        if self.kind == "id":
+            assert self.id is not None  # a run id always carries its text
+            return self.id
+        return self.kind
 
 
 Pick = Literal["best", "latest"] | Average
@@ -217,7 +220,7 @@ class _Parser:
             return RunRef("id", tok.text)
         if tok.kind == "name" and tok.text in ("latest", "all"):
             self.i += 1
-            return RunRef(tok.text)  # type: ignore[arg-type]
+            return RunRef("latest" if tok.text == "latest" else "all")
         if tok.kind in ("name", "int") and tok.text not in _KEYWORDS:
             self.i += 1
             return RunRef("id", tok.text)
@@ -228,7 +231,7 @@ class _Parser:
         tok = self.tok
         if tok.kind == "name" and tok.text in ("best", "latest"):
             self.i += 1
-            return tok.text  # type: ignore[return-value]
+            return "best" if tok.text == "best" else "latest"
         if self.at("name", "Average"):
             return self.average()
         raise self.fail("best, latest or Average(...)")
@@ -238,7 +241,7 @@ class _Parser:
         self.take("name", "Average")
         self.take("punct", "(")
         selector = self.selector()
-        state = None
+        state: Literal["best", "latest"] | None = None
         while self.at("punct", ","):
             self.i += 1
             self.take("name", "state", expected="state=best or state=latest")
@@ -247,9 +250,9 @@ class _Parser:
             if not (tok.kind == "name" and tok.text in ("best", "latest")):
                 raise self.fail("best or latest")
             self.i += 1
-            state = tok.text
+            state = "best" if tok.text == "best" else "latest"
         self.take("punct", ")", expected="',' or ')'")
-        return Average(selector, state)  # type: ignore[arg-type]
+        return Average(selector, state)
 
     # selector = Best(int [;among=selector]) | Last(int) | Every(int) | Epochs(...)
     def selector(self, depth: int = 1) -> Selector:
@@ -260,6 +263,7 @@ class _Parser:
             raise self.fail(f"a selector nested at most {MAX_DEPTH} deep in among=")
         self.i += 1
         self.take("punct", "(")
+        value: Selector
         if tok.text == "Epochs":
             value = self.epochs()
         elif tok.text == "Every":
@@ -396,7 +400,9 @@ def to_source(value: object, keyword: str = "source") -> Source:
         if isinstance(pick, str):
             return parse_source(f"{_run_text(run)} => {pick}")
         if isinstance(pick, Average):
-            return Pair(parse_source(f"{_run_text(run)} => latest").run, pick)
+            latest = parse_source(f"{_run_text(run)} => latest")
+            assert isinstance(latest, Pair)  # text with '=>' never parses to a path
+            return Pair(latest.run, pick)
     raise ConfigError(
         f"{keyword}={value!r} is not a source; write a string such as 'latest => best', a tuple "
         "such as ('latest', Average(Last(10))), or a path to a .safetensors file."

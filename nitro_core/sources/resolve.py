@@ -68,6 +68,7 @@ def resolve(
         pool = entries
     else:
         run = manifest.latest_run(entries) if source.run.kind == "latest" else source.run.id
+        assert run is not None  # entries is not empty, and a run id names its run
         pool = manifest.run_entries(entries, run)
         if not pool:
             raise CheckpointNotFound(
@@ -192,6 +193,8 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
             f"holds {manifest.describe_runs(entries)}. Write an existing path, or a pair such as "
             "'latest => best'."
         )
+    if path.is_symlink():  # a link the caller names is theirs to follow (reads never follow)
+        path = path.resolve()
     home = path.resolve().parent
     listing = entries if home == run_dir.resolve() else manifest.read_manifest(home)
     entry = next((e for e in listing if e.file == path.name), None)

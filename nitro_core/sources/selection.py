@@ -98,7 +98,7 @@ def name_points(sel: Selector, points: Sequence[Point], pair: Pair) -> tuple[lis
             f"{sel} needs {sel.k} points scored by {metric} ({mode}){where} and the run has "
             f"{len(scored)}"
         )
-    best = {id(p) for p in ranked(scored, mode=pair[1], k=sel.k)}  # type: ignore[arg-type]
+    best = {id(p) for p in ranked(scored, mode=pair[1], k=sel.k)}
     return [p for p in scored if id(p) in best], ""
 
 

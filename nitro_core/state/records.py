@@ -89,7 +89,8 @@ def model_layout(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
     param_names = {id(p): n for n, p in model.named_parameters()}
     canonical: dict[int, str] = {}
     aliases: dict[str, str] = {}
-    params, buffers = [], []
+    params: list[list[Any]] = []  # [name, shape, dtype] rows
+    buffers: list[list[Any]] = []
     for key, t in state.items():
         if id(t) in canonical:
             aliases[key] = canonical[id(t)]

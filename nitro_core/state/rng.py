@@ -26,7 +26,9 @@ RngState = tuple[dict[str, Any], dict[str, torch.Tensor]]  # (JSON part, tensor 
 def capture() -> RngState:
     """(JSON state of Python and NumPy, tensors of torch's generators)."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)  # the default, spelled out for the type checker
+    assert isinstance(np_state, tuple)  # the legacy generator (MT19937) gives the tuple form
+    kind, keys, pos, has_gauss, cached = np_state
     json_state = {
         "python": [version, list(internal), gauss],
         "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],

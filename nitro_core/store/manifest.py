@@ -10,14 +10,14 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from nitro_core.errors import CheckpointCorrupt
 from nitro_core.store import recordio as store
 
-FORMAT = "nitro-manifest/1"
+FORMAT: Final = "nitro-manifest/1"
 
 Mode = Literal["min", "max"]
 StopReason = Literal["completed", "early_stop", "requested"]

@@ -31,6 +31,7 @@ import gc
 import hashlib
 import json
 import os
+import stat
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -253,14 +254,14 @@ def _blocks(head: bytes, tensors: Mapping[str, torch.Tensor], order: list[str]) 
         t = tensors[name].detach().contiguous()
         if t.numel() == 0:
             continue
-        data = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        data = t.reshape(-1).view(torch.uint8).numpy().data  # a memoryview of its bytes
         for start in range(0, len(data), _CHUNK):
             yield data[start : start + _CHUNK]
 
 
 def file_sha256(path: Path) -> str:
     sha = hashlib.sha256()
-    with open(path, "rb") as f:
+    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as f:
         while block := f.read(_CHUNK):
             sha.update(block)
     return sha.hexdigest()
@@ -384,19 +385,34 @@ def _short(tensor_digest: str) -> str:
 @contextmanager
 def _reader(path: Path, sha256: str | None) -> Iterator[_HashingReader]:
     path = Path(path)
-    _must_exist(path)
-    with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(max_workers=1) as hasher:
+    with (
+        os.fdopen(_open_record(path), "rb", buffering=0) as f,
+        ThreadPoolExecutor(max_workers=1) as hasher,
+    ):
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         yield _HashingReader(path, f, hasher, sha256)
 
 
-def _must_exist(path: Path) -> None:
-    if not path.is_file():
-        raise CheckpointMissing(
-            f"Checkpoint file {str(path)!r} is not on disk (deleted, or evicted by retention since "
-            "it was named); read_manifest lists the records a run directory holds now."
-        )
+def _open_record(path: Path) -> int:
+    """A record opened for reading. Its name is never followed through a link: a listed
+    record swapped for a link to a file elsewhere is refused unread (:class:`UnsafePath`); a
+    name that holds no file (missing, a directory, a FIFO) is :class:`CheckpointMissing`."""
+    try:
+        fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO never blocks the open
+    except (FileNotFoundError, NotADirectoryError):
+        raise _missing(path) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _missing(path)
+    return fd
+
+
+def _missing(path: Path) -> CheckpointMissing:
+    return CheckpointMissing(
+        f"Checkpoint file {str(path)!r} is not on disk (deleted, or evicted by retention since "
+        "it was named); read_manifest lists the records a run directory holds now."
+    )
 
 
 def prefetch(path: Path) -> None:
@@ -405,9 +421,9 @@ def prefetch(path: Path) -> None:
     if not hasattr(os, "posix_fadvise"):
         return
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return  # the reader will report it
+        return  # a link, or missing: the reader will report it
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
     finally:
@@ -469,9 +485,9 @@ def stream_chunks(
 def read_header(path: Path) -> dict[str, Any]:
     """The ``nitro`` metadata of a record, reading only the header bytes."""
     path = Path(path)
-    _must_exist(path)
+    fd = _open_record(path)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(0)
             raw = f.read(8)

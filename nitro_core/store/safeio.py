@@ -23,21 +23,26 @@ from nitro_core.errors import DiskFull, UnsafePath
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def link_refusal(path: Path) -> UnsafePath:
+RUN_DIR = "a run directory"
+
+
+def link_refusal(path: Path, where: str = RUN_DIR) -> UnsafePath:
+    """The refusal of ``path``, a link found where Nitro keeps its files (``where``: a run
+    directory, or its job store)."""
     return UnsafePath(
         f"Refusing to open {str(path)!r}: it is a symbolic link, and Nitro never follows a link "
-        "for a file it keeps in a run directory (it could lead outside it). Replace the link by "
+        f"for a file it keeps in {where} (it could lead outside it). Replace the link by "
         "the real file, or remove it."
     )
 
 
-def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+def open_nofollow(path: Path, flags: int, mode: int = 0o644, where: str = RUN_DIR) -> int:
     """``os.open`` that refuses (:class:`UnsafePath`) when the last component is a link."""
     try:
         return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise link_refusal(Path(path)) from None
+            raise link_refusal(Path(path), where) from None
         raise
 
 
@@ -58,11 +63,11 @@ def confined_dir(base: Path, sub: Path) -> Path:
 
 
 @contextmanager
-def flocked(path: Path, blocking: bool = True) -> Iterator[bool]:
+def flocked(path: Path, blocking: bool = True, where: str = RUN_DIR) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on the lock file ``path`` (created, never truncated, never
     followed through a link) for the block. Yields False, holding nothing, when
     ``blocking`` is False and another open file holds it."""
-    fd = open_nofollow(path, os.O_CREAT | os.O_RDWR)
+    fd = open_nofollow(path, os.O_CREAT | os.O_RDWR, where=where)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))

@@ -149,6 +149,7 @@ class Nitro:
 
         # load what was asked for; the RNG state is put back when train() starts
         logger_state = None
+        self._start_rng: rng.RngState | None
         if point is not None:
             logger_state, self._start_rng = restore_full(self, point)
         else:

@@ -45,6 +45,7 @@ class JSONLLogger:
         """The log, opened for appending; neither ``logs/`` nor the file is followed through
         a link out of the run directory (:class:`~nitro_core.errors.UnsafePath`)."""
         if self._f is None:
+            assert self.run_dir is not None and self.path is not None  # open() ran first
             confined_dir(self.run_dir, self.path.parent)
             fd = open_nofollow(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             self._f = os.fdopen(fd, "ab")

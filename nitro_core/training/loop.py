@@ -6,7 +6,7 @@ logging happen in the handle between epochs, never inside the step loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +71,7 @@ def train_epoch(
     """One pass over ``batches``; returns (mean training loss, the step count after it)."""
     model.train()
     move = device.type != "cpu"
-    total = len(batches) if hasattr(batches, "__len__") else None
+    total = len(batches) if isinstance(batches, Sized) else None
     loss_sum = torch.zeros((), device=device)
     first_bad = torch.full((), -1, dtype=torch.long, device=device)  # batch of the first NaN
     n = 0

@@ -41,6 +41,7 @@ def check_options(
             "resume=True is ambiguous; write resume='auto' (the latest record, or a fresh run "
             "when there is none) or a source such as resume='latest => latest'."
         )
+    res: Source | Literal["auto"] | None
     if resume in (False, None, "false", ":false"):
         res = None
     elif resume in ("auto", ":auto"):

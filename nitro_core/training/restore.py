@@ -67,7 +67,10 @@ def _check_anchor(n: Nitro, point: ResumePoint) -> None:
             f"the experiment now returns {current!r}. Return {recorded!r} from decay_anchor() to "
             "resume, or start a new run that takes only the weights: Nitro(exp, weights=...)."
         )
-    if current == "w0" and point.meta.get("w0_checksum") != n.anchor.checksum:
+    if current != "w0":
+        return
+    assert n.anchor is not None  # the handle builds a W0Anchor when decay_anchor() is "w0"
+    if point.meta.get("w0_checksum") != n.anchor.checksum:
         raise ResumeRefused(
             f"Cannot resume {point.file!r}: its decay anchor w0 has checksum "
             f"{str(point.meta.get('w0_checksum'))[:12]}..., but build_model() with seed {n.seed} "
@@ -137,6 +140,7 @@ def load_average(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
     result = average(resolved, n.run_dir, load_ema=n.options.load_ema)
     warn_config_changed(result.meta, n, repr(str(source)))
     state = result.ema if n.options.load_ema else result.state
+    assert state is not None  # average() refuses load_ema when a picked record has no EMA
     load_model_state(n.model, state, n.options.strict, str(source), type(n.experiment).__name__)
     if n.ema is not None:
         n.ema.reset()
@@ -180,7 +184,7 @@ class BestRestorer:
     def __init__(self, n: Nitro, spec: bool | Average) -> None:
         self.n = n
         self.spec = spec
-        self.holding: ManifestEntry | str | None = None
+        self.holding: ManifestEntry | Average | None = None
         if spec is not False and n.checkpointer is None:
             raise ConfigError(
                 f"restore_best={spec} needs checkpoints, but {type(n.experiment).__name__}."

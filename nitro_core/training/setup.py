@@ -95,7 +95,7 @@ def install_sigint(stop: Any) -> Any:
     """Ctrl+C asks for a graceful stop; a second Ctrl+C interrupts at once."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    pressed = []
+    pressed: list[bool] = []
 
     def handler(signum: int, frame: Any) -> None:
         if pressed:

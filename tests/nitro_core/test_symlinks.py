@@ -1,16 +1,19 @@
 """Links planted in a run directory never let a write escape it, nor a read echo a file
 outside it: every file Nitro keeps there is opened without following a link (O_NOFOLLOW),
-and ``logs/`` must resolve inside the run directory (compared as paths, not as strings)."""
+and ``logs/`` must resolve inside the run directory (compared as paths, not as strings).
+A listed record is read by name and never through a link; a path the caller names is
+theirs, and followed."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from nitro_core import Nitro, average_checkpoints, read_manifest
+from nitro_core import Nitro, average_checkpoints, checkpoint_info, read_manifest
 from nitro_core.errors import UnsafePath
 from nitro_core.store import recordio as store
 
@@ -137,3 +140,40 @@ def test_a_run_lock_link_is_refused_and_creates_nothing_outside(tmp_path):
         pass
     assert str(exc.value) == link_refusal(tmp_path / "run" / ".run-abc.lock")
     assert not outside.exists()
+
+
+def test_a_listed_record_swapped_for_a_link_is_refused_unread(tmp_path):
+    run = tmp_path / "run"
+    train(run, epochs=2)
+    first, last = read_manifest(run)
+    record = run / last.file
+    outside = tmp_path / "outside" / last.file
+    outside.parent.mkdir()
+    shutil.copyfile(record, outside)  # a faithful copy: every digest check would pass
+    record.unlink()
+    record.symlink_to(outside)
+    calls = {
+        "read_record": lambda: store.read_record(record, last.sha256),
+        "read_header": lambda: store.read_header(record),
+        "stream_chunks": lambda: list(store.stream_chunks(record, last.sha256, lambda n: True)),
+        "file_sha256": lambda: store.file_sha256(record),
+        "weights": lambda: Nitro(KeepLast(), run_dir=run, weights="latest => latest"),
+        "resume": lambda: Nitro(KeepLast(max_epochs=3), run_dir=run, resume="auto"),
+        "average": lambda: average_checkpoints(run, "latest => Average(Last(2))"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(UnsafePath) as exc:
+            call()
+        assert str(exc.value) == link_refusal(record), name
+    assert store.read_record(run / first.file, first.sha256)[1]["epoch"] == 1  # the rest reads
+
+
+def test_a_record_path_the_caller_names_may_be_a_link(tmp_path):
+    run = tmp_path / "run"
+    train(run)
+    (entry,) = read_manifest(run)
+    named = tmp_path / "named.safetensors"
+    named.symlink_to(run / entry.file)
+    assert checkpoint_info(named)["epoch"] == 1
+    n = Nitro(KeepLast(), run_dir=tmp_path / "other", weights=str(named))
+    assert n.checkpoint_source == run / entry.file
