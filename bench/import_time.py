@@ -32,7 +32,9 @@ def main() -> None:
         "python -c pass": [sys.executable, "-c", "pass"],
         "import nitro_core.errors": [sys.executable, "-c", "import nitro_core.errors"],
         "import nitro_core": [sys.executable, "-c", "import nitro_core"],
-        "nitro --help": [nitro, "--help"] if nitro else [sys.executable, "-m", "nitro_mcp", "--help"],
+        "nitro --help": [nitro, "--help"]
+        if nitro
+        else [sys.executable, "-m", "nitro_mcp", "--help"],
         "import torch (reference)": [sys.executable, "-c", "import torch"],
     }
     times: dict[str, list[float]] = {k: [] for k in cases}

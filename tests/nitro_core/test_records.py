@@ -143,7 +143,8 @@ def test_nothing_in_nitro_calls_torch_load_pickle_or_eval():
                 # the one import of a module by name: operator-given --experiment-module, never client text
                 # and the package's lazy front door, whose table of module names is a constant
                 allowed = name == "importlib.import_module" and (
-                    path.name == "registry.py" or path.relative_to(REPO).as_posix() in _LAZY_FRONT_DOORS
+                    path.name == "registry.py"
+                    or path.relative_to(REPO).as_posix() in _LAZY_FRONT_DOORS
                 )
                 assert name not in banned or allowed, f"{path}:{node.lineno} calls {name}"
             if isinstance(node, ast.Import | ast.ImportFrom):
