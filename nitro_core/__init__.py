@@ -5,7 +5,7 @@ The public names load lazily (PEP 562): ``import nitro_core`` and ``import
 nitro_core.errors`` import no torch; the first use of, say, ``nitro_core.Nitro`` imports
 the module that defines it. The layers, each importing only from the ones before it::
 
-    errors -> store/ -> policy/, sources/ -> state/ -> averaging, export, info
+    errors -> store/ -> policy/, sources/ -> state/ -> averaging, export, info, pruning
            -> experiment, training/ -> examples/, registry -> jobs/
 """
 
@@ -45,6 +45,8 @@ _WHERE = {
     "Every": "nitro_core.policy.selectors",
     "Last": "nitro_core.policy.selectors",
     "TopKCheckpointer": "nitro_core.policy.selectors",
+    "Deletion": "nitro_core.pruning",
+    "delete_checkpoints": "nitro_core.pruning",
     "Average": "nitro_core.sources.grammar",
     "parse_source": "nitro_core.sources.grammar",
     "EMA": "nitro_core.state.ema",
@@ -52,10 +54,12 @@ _WHERE = {
     "read_manifest": "nitro_core.store.manifest",
     "runs": "nitro_core.store.manifest",
     "TensorBatches": "nitro_core.training.data",
+    "experiment_from_record": "nitro_core.training.from_record",
     "Nitro": "nitro_core.training.handle",
     "checkpoint_run": "nitro_core.training.handle",
     "JSONLLogger": "nitro_core.training.loggers",
     "NullLogger": "nitro_core.training.loggers",
+    "TensorBoardLogger": "nitro_core.training.loggers",
     "EarlyStopping": "nitro_core.training.stopping",
     "Plateau": "nitro_core.training.stopping",
 }
@@ -89,6 +93,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.policy.selectors import Every as Every
     from nitro_core.policy.selectors import Last as Last
     from nitro_core.policy.selectors import TopKCheckpointer as TopKCheckpointer
+    from nitro_core.pruning import Deletion as Deletion
+    from nitro_core.pruning import delete_checkpoints as delete_checkpoints
     from nitro_core.sources.grammar import Average as Average
     from nitro_core.sources.grammar import parse_source as parse_source
     from nitro_core.state.ema import EMA as EMA
@@ -96,10 +102,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.store.manifest import read_manifest as read_manifest
     from nitro_core.store.manifest import runs as runs
     from nitro_core.training.data import TensorBatches as TensorBatches
+    from nitro_core.training.from_record import experiment_from_record as experiment_from_record
     from nitro_core.training.handle import Nitro as Nitro
     from nitro_core.training.handle import checkpoint_run as checkpoint_run
     from nitro_core.training.loggers import JSONLLogger as JSONLLogger
     from nitro_core.training.loggers import NullLogger as NullLogger
+    from nitro_core.training.loggers import TensorBoardLogger as TensorBoardLogger
     from nitro_core.training.stopping import EarlyStopping as EarlyStopping
     from nitro_core.training.stopping import Plateau as Plateau
 
@@ -126,6 +134,7 @@ __all__ = [
     "CheckpointNotFound",
     "Checkpointer",
     "ConfigError",
+    "Deletion",
     "DiskFull",
     "EMA",
     "EarlyStopping",
@@ -149,6 +158,7 @@ __all__ = [
     "ResumeRefused",
     "SourceSyntaxError",
     "TensorBatches",
+    "TensorBoardLogger",
     "TopKCheckpointer",
     "TrainingRefused",
     "UnsafePath",
@@ -156,6 +166,8 @@ __all__ = [
     "average_checkpoints",
     "checkpoint_info",
     "checkpoint_run",
+    "delete_checkpoints",
+    "experiment_from_record",
     "export_weights",
     "parse_source",
     "read_manifest",

@@ -50,6 +50,10 @@ OPTIONAL_HOOKS: tuple[str, ...] = (
     "plateau",
     "decay_anchor",
     "logger",
+    "precision",
+    "accumulate_grad_batches",
+    "gradient_clip_val",
+    "compile",
 )
 
 _HOOK_SIGNATURES = {
@@ -121,7 +125,8 @@ class Experiment(BaseModel):
 
     def lr_scheduler(self, optimizer: torch.optim.Optimizer, total_steps: int | None) -> Any:
         """A scheduler stepped once per optimizer step, or None. ``total_steps`` is
-        ``max_epochs`` times the batches per epoch, or None when the training data has no
+        ``max_epochs`` times the optimizer steps per epoch (the batches per epoch divided by
+        ``accumulate_grad_batches()``, rounded up), or None when the training data has no
         length."""
         return None
 
@@ -142,8 +147,36 @@ class Experiment(BaseModel):
         return "zero"
 
     def logger(self) -> Any:
-        """The metrics logger; default a JSONL file per run in the run directory."""
+        """The metrics logger; default a JSONL file per run in the run directory. Return
+        ``TensorBoardLogger()`` for TensorBoard event files too; ``Nitro(..., logger=...)``
+        overrides this hook."""
         return JSONLLogger()
+
+    # -- the training step (nitro_core.training.step; a resume refuses a changed precision
+    # or accumulation, since either changes the trajectory) ------------------------------
+    def precision(self) -> Literal["32-true", "bf16-mixed", "16-mixed"]:
+        """``"32-true"``: full precision. ``"bf16-mixed"``: the forward pass (``loss``, and
+        evaluation) under ``torch.autocast`` in bfloat16, weights and optimizer in float32.
+        ``"16-mixed"``: autocast in float16 with a ``GradScaler``, whose state is in the record."""
+        return "32-true"
+
+    def accumulate_grad_batches(self) -> int:
+        """Batches whose gradients are summed into one optimizer step (each loss scaled by 1/k).
+        The step count, ``every_steps`` and ``lr_scheduler``'s ``total_steps`` count optimizer
+        steps. An epoch whose batches are not a multiple of k ends with a shorter window that
+        steps too, on the mean of its own batches' gradients."""
+        return 1
+
+    def gradient_clip_val(self) -> float | None:
+        """Clip the gradients' total 2-norm to this value before each optimizer step (after
+        unscaling under ``"16-mixed"``), or None for no clipping."""
+        return None
+
+    def compile(self) -> bool:
+        """``torch.compile`` the model for its forward passes. Records keep the model's own
+        parameter names (no ``_orig_mod.``), so a record written with compile loads into an
+        uncompiled model and the other way round."""
+        return False
 
 
 def defines(exp: Experiment, hook: str) -> bool:

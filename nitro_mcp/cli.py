@@ -44,8 +44,15 @@ def _parser() -> argparse.ArgumentParser:
         default=2,
         help="jobs running at once; later ones queue (default: 2)",
     )
+    serve.add_argument(
+        "--max-eval-jobs",
+        type=int,
+        default=2,
+        help="validations and averages running at once, beside --max-jobs trainings (default: 2)",
+    )
     serve.add_argument("--experiment-module", action="append", default=[], metavar="MODULE",
-                       help="import MODULE and register its Experiment subclasses (repeatable)")  # fmt: skip
+                       help="register the Experiment subclasses of MODULE: a dotted module importable "
+                       "from the root, or a .py file inside it (repeatable; re-imported when edited)")  # fmt: skip
 
     demo = sub.add_parser("demo", help="start the server and drive it over stdio as an agent would")
     demo.add_argument("--root", default=".", help="where runs/ and .nitro/ go (default: .)")
@@ -61,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
         "--restore-best", default="false", help="'true', 'false' or 'Average(Last(10))'"
     )
     train.add_argument("--seed", type=int)
+    train.add_argument(
+        "--logger",
+        choices=("jsonl", "tensorboard"),
+        help="the metrics logger (default: the experiment's logger(), JSONL unless it says so); "
+        "tensorboard writes logs/tb/<run>/ beside the JSONL log",
+    )
 
     validate = sub.add_parser("validate", help="evaluate a checkpoint")
     _experiment_args(validate)
@@ -116,8 +129,9 @@ def _serve(args: argparse.Namespace) -> int:
     from nitro_mcp.server import build_server  # lazy
 
     server = build_server(
-        Path(args.root), max_jobs=args.max_jobs, experiment_modules=tuple(args.experiment_module)
-    )
+        Path(args.root), max_jobs=args.max_jobs, experiment_modules=tuple(args.experiment_module),
+        max_eval_jobs=args.max_eval_jobs,
+    )  # fmt: skip
     if args.http:
         serve_http(server, args.port, args.token)
     else:
@@ -131,7 +145,10 @@ def _demo(args: argparse.Namespace) -> int:
     return demo_main(Path(args.root).resolve(), args.epochs)
 
 
-def _experiment(args: argparse.Namespace) -> Any:
+def _experiment(args: argparse.Namespace, from_record: Any = None) -> Any:
+    """The named experiment with ``--set`` overrides on top of its defaults, or on top of
+    the config recorded in ``from_record``'s record (a source, as validation uses)."""
+    from nitro_core import experiment_from_record  # lazy
     from nitro_core.registry import load_registry, lookup  # lazy
 
     overrides = {}
@@ -141,7 +158,11 @@ def _experiment(args: argparse.Namespace) -> Any:
             overrides[field] = json.loads(value)
         except json.JSONDecodeError:
             overrides[field] = value
-    return lookup(load_registry(args.experiment_module), args.experiment)(**overrides)
+    cls = lookup(load_registry(args.experiment_module), args.experiment)
+    if from_record is not None:
+        run_dir = args.run_dir or f"runs/{cls.__name__}"
+        return experiment_from_record(cls, from_record, run_dir=run_dir, **overrides)
+    return cls(**overrides)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -154,6 +175,7 @@ def _train(args: argparse.Namespace) -> int:
         resume=args.resume,
         weights=args.weights,
         restore_best=args.restore_best,
+        logger=args.logger,
     )
     n.train(
         on_epoch=lambda row: print(
@@ -167,7 +189,8 @@ def _train(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from nitro_core import Nitro  # lazy
 
-    n = Nitro(_experiment(args), run_dir=args.run_dir, weights=args.weights, load_ema=args.load_ema)
+    exp = _experiment(args, from_record=args.weights)  # the record's own config, --set on top
+    n = Nitro(exp, run_dir=args.run_dir, weights=args.weights, load_ema=args.load_ema)
     print(
         json.dumps(
             {

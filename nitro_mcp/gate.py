@@ -17,12 +17,13 @@ from typing import Any
 import anyio
 
 from nitro_core.errors import ConfigError, NitroError
-from nitro_core.experiment import Experiment, host_fields
+from nitro_core.experiment import Experiment
 from nitro_core.info import checkpoint_info
 from nitro_core.jobs import JobManager, JobStatus
-from nitro_core.jobs.files import TERMINAL, job_dir, log_tail
+from nitro_core.jobs.calls import after_end, train_arguments
+from nitro_core.jobs.files import TERMINAL, JobSpec, job_dir, log_tail
 from nitro_core.policy import retention
-from nitro_core.registry import load_registry, lookup
+from nitro_core.registry import Registry, lookup
 from nitro_core.sources.grammar import Average, Pair, PathSource, Source, to_source
 from nitro_core.sources.resolve import resolve
 from nitro_core.sources.selection import check_keep_holds
@@ -30,14 +31,21 @@ from nitro_core.store import manifest
 from nitro_core.training.options import check_options
 from nitro_core.training.resume import latest_point, resume_from_source
 from nitro_core.training.setup import check_seed
-from nitro_mcp import models
+from nitro_mcp import catalog, following, models, observe, pruning, record_config
+from nitro_mcp.arguments import coerce_overrides, flag_text
 from nitro_mcp.echo import clip, clip_text
+from nitro_mcp.experiments import ExperimentModules
+from nitro_mcp.experiments import listing as experiments_listing
 from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
+from nitro_mcp.phrasing import job_error
+from nitro_mcp.replies import fit, shrink
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 POLL = 0.2
 OVERRIDE_MAX = 1000  # characters in the repr of one override value
 LOG_TAIL = 3000
+HEADER_MAX = 6000  # characters of a record's header in a reply (cut by replies.shrink)
+AVERAGED_FROM_MAX = 2000  # and of what an average was made of
 _BULKY = ("rng", "optimizer", "history", "scheduler", "plateau")
 
 
@@ -45,21 +53,41 @@ class Gate:
     """Tool implementations over one root directory."""
 
     def __init__(
-        self, root: Path, max_jobs: int = 2, experiment_modules: tuple[str, ...] = ()
+        self,
+        root: Path,
+        max_jobs: int = 2,
+        experiment_modules: tuple[str, ...] = (),
+        max_eval_jobs: int = 2,
     ) -> None:
         self.root = Path(root).resolve()
-        self.modules = list(experiment_modules)
-        self.registry = load_registry(self.modules)
-        self.jobs = JobManager(self.root, max_jobs=max_jobs)
+        self._experiments = ExperimentModules(self.root, tuple(experiment_modules))
+        self.modules = self._experiments.for_jobs()  # what a worker imports, the same way
+        self._registry = self._experiments.registry()
+        self.jobs = JobManager(self.root, max_jobs=max_jobs, max_eval_jobs=max_eval_jobs)
         self._splits: dict[str, list[str] | None] = {}
+
+    @property
+    def registry(self) -> Registry:
+        """The registered experiments; a module whose file changed is imported again first."""
+        registry = self._experiments.registry()
+        if registry is not self._registry:  # what was learned from the old classes is stale
+            self._registry, self._splits = registry, {}
+        return registry
 
     # -- argument checks ----------------------------------------------------------------------
     def _experiment(self, name: str, overrides: dict[str, Any] | None) -> Experiment:
+        return self._class(name, overrides)(**(overrides or {}))  # bad fields: ConfigError
+
+    def _class(self, name: str, overrides: dict[str, Any] | None) -> type[Experiment]:
+        """The registered class ``name``, once ``overrides`` is a dict of bounded size; its
+        numbers given as strings become numbers, in place (``arguments.coerce_overrides``),
+        so the job runs with what was checked."""
         # an unknown name is echoed in the refusal, so cut it first (no registered name is long)
-        cls = lookup(self.registry, name if name in self.registry else clip_text(name))
+        registry = self.registry
+        cls = lookup(registry, name if name in registry else clip_text(name))
         if overrides is not None and not isinstance(overrides, dict):
             raise ConfigError(
-                f'overrides={clip(overrides)} must be an object of field -> value, e.g. {{"max_epochs": 3}}.'
+                f'overrides={clip(overrides)} must be an object of field -> value, e.g. overrides={{"max_epochs": 3}}.'
             )
         for key, value in (overrides or {}).items():
             if len(key) > 80 or len(repr(value)) > OVERRIDE_MAX:
@@ -68,7 +96,9 @@ class Gate:
                     f"characters and a value at most {OVERRIDE_MAX}; nitro_experiments lists "
                     "each experiment's fields."
                 )
-        return cls(**(overrides or {}))  # unknown or ill-typed fields raise ConfigError
+        if overrides:
+            coerce_overrides(cls, overrides)
+        return cls
 
     def _run_dir(self, run_dir: str | None, experiment: str) -> Path:
         default = f"runs/{experiment.rsplit('.', 1)[-1]}"
@@ -93,19 +123,37 @@ class Gate:
 
     # -- nitro_train ------------------------------------------------------------------------------
     def train(
-        self, experiment: str, run_dir: str | None, resume: str, weights: str | None, restore_best: str,
+        self, experiment: str, run_dir: str | None, resume: bool | str, weights: str | None, restore_best: bool | str,
         restore_optimizer: bool, strict: bool, seed: int | None, overrides: dict[str, Any] | None, device: str,
+        after_running: bool = False, logger: str | None = None,
     ) -> models.JobHandle:  # fmt: skip
-        exp = self._experiment(experiment, overrides)
+        resume, restore_best = flag_text(resume, "resume"), flag_text(restore_best, "restore_best")
+        cls = self._class(experiment, overrides)
         where = self._run_dir(run_dir, experiment)
         opts = check_options(resume, weights, restore_optimizer, restore_best, False, strict)
+        observe.check_logger_name(logger)
+        args = train_arguments(
+            experiment=experiment, run_dir=shown(self.root, where), resume=resume, weights=weights,
+            restore_best=restore_best, restore_optimizer=restore_optimizer, strict=strict, seed=seed,
+            overrides=overrides or {}, device=device, logger=logger,
+        )  # fmt: skip
+        busy = record_config.busy_job(self.jobs, where)
+        if busy is not None and not after_running:
+            raise record_config.refuse_busy(busy, args)
         entries = manifest.read_manifest(where)
+        point = None
         if opts.resume == "auto" and entries:
-            latest_point(entries, where).check_config(exp)
+            point = latest_point(entries, where)
         elif opts.resume is not None and opts.resume != "auto":
             point = resume_from_source(self._rooted(opts.resume, where, "resume"), where, entries)
             point.check_resumable()
+        if point is None:
+            exp = cls(**(overrides or {}))  # unknown or ill-typed fields raise ConfigError
+        else:  # the recorded config, overrides changing Host fields only
+            # queued behind a job, the run may have trained on by its start: its worker checks
+            exp = record_config.resume_experiment(cls, point, overrides, args, busy is None)
             point.check_config(exp)
+        observe.check_logger(logger, point, exp, args)
         if opts.weights is not None:
             self._check_source(opts.weights, where, "weights")
         if isinstance(opts.restore_best, Average):
@@ -116,12 +164,14 @@ class Gate:
             kind="train", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
             run_dir=str(where), seed=seed, resume=resume, weights=weights, restore_best=restore_best,
             restore_optimizer=restore_optimizer, strict=strict, device=device,
+            after=busy.job_id if busy is not None else None, logger=logger,
         )  # fmt: skip
+        behind = f"It starts when job {busy.job_id} ends. " if busy is not None else ""
         return self._handle(
             status,
             experiment,
             2.0,
-            f"Call nitro_status(job_id='{status.job_id}', wait_s=20) to follow it.",
+            f"{behind}Follow it with {following.follow_call(status.job_id)}.",
         )
 
     # -- nitro_validate -----------------------------------------------------------------------------
@@ -129,7 +179,7 @@ class Gate:
         self, experiment: str, run_dir: str | None, weights: str, split: str, load_ema: bool,
         overrides: dict[str, Any] | None, wait_s: float, progress: Progress | None,
     ) -> models.ValidateResult:  # fmt: skip
-        status = await anyio.to_thread.run_sync(
+        status, notes = await anyio.to_thread.run_sync(
             lambda: self._submit_validate(
                 experiment, run_dir, weights, split, load_ema, overrides, wait_s
             )
@@ -138,96 +188,114 @@ class Gate:
         result = status.result or {}
         return models.ValidateResult(
             job_id=status.job_id, state=status.state, metrics=result.get("metrics"), split=split,
-            checkpoint=shown(self.root, result.get("checkpoint")), averaged_from=result.get("averaged_from"),
-            error=status.error, next=_next(status),
+            checkpoint=shown(self.root, result.get("checkpoint")),
+            averaged_from=shrink(result.get("averaged_from"), AVERAGED_FROM_MAX),
+            error=job_error(status), next=_next(status, self._hint(status)),
+            warnings=record_config.warnings_of(notes, result),
         )  # fmt: skip
 
     def _submit_validate(
         self, experiment: str, run_dir: str | None, weights: str, split: str, load_ema: bool,
         overrides: dict[str, Any] | None, wait_s: float,
-    ) -> JobStatus:  # fmt: skip
-        self._experiment(experiment, overrides)
+    ) -> tuple[JobStatus, list[str]]:  # fmt: skip
+        cls = self._class(experiment, overrides)
         where = self._run_dir(run_dir, experiment)
         _check_wait(wait_s, 60)
         opts = check_options(False, weights, False, False, load_ema, True)
         assert opts.weights is not None  # weights is a string, so it became a source
-        self._check_source(opts.weights, where, "weights")
-        splits = self._experiment_splits(experiment)
-        if splits is not None and split not in splits:
-            raise ConfigError(
-                f"split={clip(split)} is not a split of {experiment}; it has {', '.join(splits)}."
-            )
+        rooted = self._rooted(opts.weights, where, "weights")
+        _, notes = record_config.from_record(cls, rooted, where, overrides)  # the record's config
+        self._check_split(experiment, split)
         return self.jobs.submit(
             kind="validate", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
             run_dir=str(where), weights=weights, split=split, load_ema=load_ema,
-        )  # fmt: skip
+        ), notes  # fmt: skip
 
     # -- average -----------------------------------------------------------------------------------
     async def average(
         self, run_dir: str, source: str, save: str | None, experiment: str | None, validate: bool,
-        wait_s: float, progress: Progress | None,
+        wait_s: float, progress: Progress | None, overrides: dict[str, Any] | None = None,
+        split: str = "val",
     ) -> models.AverageResult:  # fmt: skip
-        status = await anyio.to_thread.run_sync(
-            lambda: self._submit_average(run_dir, source, save, experiment, validate, wait_s)
+        status, notes = await anyio.to_thread.run_sync(
+            lambda: self._submit_average(
+                run_dir, source, save, experiment, validate, wait_s, overrides, split
+            )
         )
         status = await self._wait(status.job_id, wait_s, progress)
         result = status.result or {}
         return models.AverageResult(
-            job_id=status.job_id, state=status.state, averaged_from=result.get("averaged_from"),
-            saved=shown(self.root, result.get("saved")), metrics=result.get("metrics"), error=status.error,
-            next=_next(status),
+            job_id=status.job_id, state=status.state,
+            averaged_from=shrink(result.get("averaged_from"), AVERAGED_FROM_MAX),
+            saved=shown(self.root, result.get("saved")), metrics=result.get("metrics"), error=job_error(status),
+            next=_next(status, self._hint(status)), warnings=record_config.warnings_of(notes, result),
         )  # fmt: skip
 
     def _submit_average(
-        self, run_dir: str, source: str, save: str | None, experiment: str | None, validate: bool, wait_s: float
-    ) -> JobStatus:  # fmt: skip
+        self, run_dir: str, source: str, save: str | None, experiment: str | None, validate: bool, wait_s: float,
+        overrides: dict[str, Any] | None = None, split: str = "val",
+    ) -> tuple[JobStatus, list[str]]:  # fmt: skip
         where = directory_inside_root(self.root, run_dir, "run_dir")
         _check_wait(wait_s, 60)
         src = to_source(source, "source")
         if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
             raise ConfigError(
-                f"source={clip(source)} is not an average; write e.g. 'latest => Average(Last(10))'."
+                f"source={clip(source)} is not an average; write e.g. source='latest => Average(Last(10))'."
             )
         saved = None
         if save is not None:
             saved = inside_root(self.root, save, "save")
             if saved.suffix != ".safetensors":
                 raise ConfigError(
-                    f"save={clip(save)} must name a .safetensors file, e.g. 'runs/Classifier/avg10.safetensors'."
+                    f"save={clip(save)} must name a .safetensors file, e.g. save='runs/Classifier/avg10.safetensors'."
                 )
             blocker = file_in_the_way(saved.parent)
             if blocker is not None:
                 raise ConfigError(
                     f"save={clip(save)} lies under the file {clip(shown(self.root, blocker))}, not a "
-                    "directory; give a path in a directory, e.g. 'runs/Classifier/avg10.safetensors'."
+                    "directory; give a path in a directory, e.g. save='runs/Classifier/avg10.safetensors'."
                 )
             if saved.exists():
                 raise ConfigError(
                     f"save={clip(save)} already exists; Nitro never overwrites it. Choose a new name."
                 )
-        self._check_source(src, where, "source")
-        if validate:
-            if experiment is None:
-                raise ConfigError(
-                    "validate=True needs experiment=..., the experiment whose model the average is loaded into."
-                )
-            self._experiment(experiment, None)
+        notes: list[str] = []
+        if not validate:
+            self._check_source(src, where, "source")
+            record_config.refuse_unused(run_dir, source, overrides, split)
+        else:  # the state record's config, the call's overrides on top
+            experiment = record_config.average_experiment(
+                experiment, src, where, self.registry, run_dir
+            )
+            cls = self._class(experiment, overrides)
+            _, notes = record_config.from_record(cls, src, where, overrides)
+            self._check_split(experiment, split)
         return self.jobs.submit(
             kind="average", experiment=experiment, experiment_modules=self.modules, run_dir=str(where),
             source=source, save=str(saved) if saved else None, validate_average=validate,
-        )  # fmt: skip
+            overrides=overrides or {}, split=split,
+        ), notes  # fmt: skip
 
     # -- nitro_status, nitro_jobs, nitro_stop ---------------------------------------------------------
     async def status(
-        self, job_id: str, wait_s: float, progress: Progress | None
-    ) -> models.JobStatusResult:
-        _check_wait(wait_s, 25)
+        self, job_id: str, wait_s: float, progress: Progress | None, until: str = "change",
+        brief: bool = False,
+    ) -> models.JobStatusResult:  # fmt: skip
+        _check_wait(wait_s, following.FOLLOW_WAIT_S)
+        by_epoch = following.check_until(until) == "change"
         status = self.jobs.status(_job_id(job_id))
         if wait_s > 0 and status.state not in TERMINAL:
-            status = await self._wait(job_id, wait_s, progress, until_change=status)
-        return self._status_result(status)
+            status = await self._wait(
+                job_id, wait_s, progress, until_change=status if by_epoch else None
+            )
+        if brief:
+            return following.brief(status, _next(status, self._hint(status)))
+        return following.bounded(self._status_result(status))
 
-    def list_jobs(self, state: str | None, limit: int, cursor: str | None) -> models.JobsPage:
+    def list_jobs(
+        self, state: str | None, limit: int, cursor: str | None,
+        prune_older_than_h: float | None = None, dry_run: bool = True,
+    ) -> models.JobsPage:  # fmt: skip
         if state is not None and state not in (
             "queued",
             "running",
@@ -240,73 +308,80 @@ class Gate:
                 f"state={clip(state)} is not a job state; write queued, running, succeeded, failed, stopped or lost."
             )
         start, limit = _page(cursor, limit, 100)
-        jobs = self.jobs.list(state)  # type: ignore[arg-type]  # a JobState: checked just above
-        page = jobs[start : start + limit]
-        experiments = {s.job_id: self._spec_experiment(s.job_id) for s in page}
+        pruned = None
+        if prune_older_than_h is not None:  # ended jobs' directories, before the listing
+            pruned = pruning.prune_jobs(self.jobs, prune_older_than_h, dry_run)
+        # the job index: ended jobs from one file, only the live ones read from their own
+        page, more = self.jobs.page(state, start, limit)  # type: ignore[arg-type]  # checked above
+        jobs = [
+            models.JobSummary(
+                job_id=s.job_id,
+                kind=s.kind,
+                state=s.state,
+                experiment=s.experiment,
+                run_dir=shown(self.root, s.run_dir),
+                epoch=s.epoch,
+                created=s.created,
+            )
+            for s in page
+        ]
+        shown_n = fit(jobs, limit)  # a page stays within the reply budget
         return models.JobsPage(
-            jobs=[
-                models.JobSummary(
-                    job_id=s.job_id,
-                    kind=s.kind,
-                    state=s.state,
-                    experiment=experiments[s.job_id],
-                    run_dir=shown(self.root, s.run_dir),
-                    epoch=s.epoch,
-                    created=s.created,
-                )  # fmt: skip
-                for s in page
-            ],
-            next_cursor=str(start + limit) if start + limit < len(jobs) else None,
+            jobs=jobs[:shown_n],
+            next_cursor=str(start + shown_n) if more or shown_n < len(jobs) else None,
+            pruned=pruned,
         )
 
     def stop(self, job_id: str, force: bool) -> models.StopResult:
         status = self.jobs.stop(_job_id(job_id), force)
-        follow = f"nitro_status(job_id='{job_id}', wait_s=20)"
-        nxt = (
-            f"Killed. Resume the run with nitro_train(..., resume='auto'); {follow} shows the state."
-            if force
-            else f"The epoch finishes, validates and checkpoints first; call {follow} to see it end."
-        )
+        follow = following.follow_call(job_id)
+        nxt = f"The epoch finishes, validates and checkpoints first; call {follow} to see it end."
+        if force:  # with the call that resumes the run, in the job's own arguments
+            hint = self._hint(status)
+            nxt = f"Killed. {hint + ' ' if hint else ''}{follow} shows the state."
         return models.StopResult(
             job_id=status.job_id, state=status.state, phase=status.phase, next=nxt
         )
 
     # -- runs, manifest, checkpoint info, experiments ----------------------------------------------------
-    def runs(self, run_dir: str) -> models.RunsResult:
+    def runs(
+        self, run_dir: str | None, limit: int = 20, cursor: str | None = None
+    ) -> models.RunsResult:
+        if run_dir is None:  # every run directory under the root
+            return catalog.run_dirs(self.root, None, limit, cursor)
         where = self._existing_dir(run_dir)
+        if not catalog.holds_manifest(where):  # the run directories below it, with a hint
+            return catalog.run_dirs(self.root, where, limit, cursor)
         entries = manifest.read_manifest(where)
-        out = []
-        for run in dict.fromkeys(e.run for e in entries):
-            mine = manifest.run_entries(entries, run)
-            scored = [e for e in mine if e.score is not None]
-            best = None
-            if scored:
-                pick = min if scored[-1].mode == "min" else max
-                best = pick(
-                    e.score for e in scored if e.score is not None and e.pair == scored[-1].pair
-                )
-            out.append(
-                models.RunSummary(
-                    run=run,
-                    checkpoints=len(mine),
-                    epochs=[e.epoch for e in mine][-100:],  # bounded: nitro_manifest pages the rest
-                    metric=mine[-1].metric,
-                    mode=mine[-1].mode,
-                    best_score=best,
-                    latest_file=mine[-1].file,
-                    stop_reason=mine[-1].stop_reason,
-                    parent=mine[0].parent,
-                )  # fmt: skip
-            )
-        return models.RunsResult(run_dir=shown(self.root, where), runs=out[-50:])
+        start, limit = _page(cursor, limit, 100)
+        runs = list(dict.fromkeys(e.run for e in reversed(entries)))  # last written first
+        out = [_run_summary(entries, run) for run in runs[start : start + limit]]
+        shown_n = fit(out, limit)  # a page stays within the reply budget
+        end = start + shown_n
+        return models.RunsResult(
+            run_dir=shown(self.root, where), runs=out[:shown_n], total=len(runs),
+            next_cursor=str(end) if end < len(runs) else None,
+        )  # fmt: skip
+
+    def compare(self, sources: list[str]) -> models.CompareResult:
+        return catalog.compare(self.root, sources)
+
+    def delete(
+        self, run_dir: str, run: str | None, files: list[str] | None, dry_run: bool
+    ) -> models.DeleteResult:
+        return pruning.delete(self.root, self.jobs, run_dir, run, files, dry_run)
+
+    def export(self, source: str, path: str, run_dir: str | None) -> models.ExportResult:
+        return catalog.export(self.root, source, path, run_dir)
 
     def manifest_page(self, run_dir: str, limit: int, cursor: str | None) -> models.ManifestPage:
         where = self._existing_dir(run_dir)
         entries = manifest.read_manifest(where)
         start, limit = _page(cursor, limit, 200)
+        end = start + fit(entries[start:], limit)  # a page stays within the reply budget
         return models.ManifestPage(
-            run_dir=shown(self.root, where), total=len(entries), entries=entries[start : start + limit],
-            next_cursor=str(start + limit) if start + limit < len(entries) else None,
+            run_dir=shown(self.root, where), total=len(entries), entries=entries[start:end],
+            next_cursor=str(end) if end < len(entries) else None,
         )  # fmt: skip
 
     def checkpoint_info(self, path: str) -> models.CheckpointInfoResult:
@@ -325,38 +400,21 @@ class Gate:
                 "params": len(layout.get("params", [])), "buffers": len(layout.get("buffers", [])),
                 "groups": [len(g) for g in layout.get("groups", [])],
             }  # fmt: skip
-        return models.CheckpointInfoResult(path=shown(self.root, where), header=header)
+        return models.CheckpointInfoResult(
+            path=shown(self.root, where), header=shrink(header, HEADER_MAX)
+        )
 
-    def experiments(self) -> models.ExperimentsResult:
-        out = []
-        for name in sorted(self.registry):
-            cls = self.registry[name]
-            host = host_fields(cls)
-            fields = [
-                models.FieldInfo(
-                    name=f,
-                    type=_type_name(info.annotation),
-                    default=_jsonable(info.get_default(call_default_factory=True)),
-                    host=f in host,
-                )  # fmt: skip
-                for f, info in cls.model_fields.items()
-            ]
-            try:
-                monitor = list(cls().monitor())
-            except Exception:  # an experiment without defaults for every field
-                monitor = None
-            out.append(
-                models.ExperimentInfo(
-                    name=name,
-                    description=(cls.__doc__ or "").strip().split("\n\n")[0],
-                    fields=fields,
-                    splits=self._experiment_splits(name),
-                    monitor=monitor,
-                )  # fmt: skip
-            )
-        return models.ExperimentsResult(experiments=out)
+    def experiments(self, name: str | None = None) -> models.ExperimentsResult:
+        return experiments_listing(self.registry, self._experiment_splits, name)
 
     # -- helpers ----------------------------------------------------------------------------------
+    def _check_split(self, experiment: str, split: str) -> None:
+        splits = self._experiment_splits(experiment)
+        if splits is not None and split not in splits:
+            raise ConfigError(
+                f"split={clip(split)} is not a split of {experiment}; it has {', '.join(splits)}."
+            )
+
     def _experiment_splits(self, name: str) -> list[str] | None:
         if name not in self._splits:
             try:
@@ -395,29 +453,37 @@ class Gate:
         progress: Progress | None,
         until_change: JobStatus | None = None,
     ) -> JobStatus:
-        """Poll the job's files until it ends (or, with ``until_change``, makes progress), at
-        most ``wait_s`` seconds, sending a progress notification at each new epoch."""
+        """Poll the job's files until it ends (or, with ``until_change``, ends an epoch), at
+        most ``wait_s`` seconds, sending a progress notification at each change: a new
+        epoch, state or phase, and the worker's snapshot inside an epoch (every ~2 s)."""
         deadline = time.monotonic() + wait_s
         status = self.jobs.status(job_id)
-        seen = (status.state, status.epoch, status.phase)
+        seen = _seen(status)
+        sent = 0.0  # notifications never go backwards
         while status.state not in TERMINAL and time.monotonic() < deadline:
             await anyio.sleep(POLL)
             status = self.jobs.status(job_id)
-            now = (status.state, status.epoch, status.phase)
-            if now != seen:
-                seen = now
+            if _seen(status) != seen:
+                seen = _seen(status)
                 if progress is not None:
-                    await progress(
-                        float(status.epoch),
-                        float(status.max_epochs) if status.max_epochs else None,
-                        _progress_text(status),
-                    )
+                    done, total, text = following.notification(status)
+                    sent = max(sent, done)
+                    await progress(sent, total, text)
                 if until_change is not None and status.epoch != until_change.epoch:
                     break
         return status
 
+    def _hint(self, status: JobStatus, spec: JobSpec | None = None) -> str | None:
+        """After lost or stopped, the complete call that continues or repeats the job (a
+        failed job's worker wrote one already)."""
+        if status.state not in ("lost", "stopped"):
+            return status.hint
+        spec = spec or self.jobs.spec(status.job_id)
+        return after_end(spec, self.root, status.state, status.run_id)
+
     def _status_result(self, status: JobStatus) -> models.JobStatusResult:
         spec = self.jobs.spec(status.job_id)
+        hint = self._hint(status, spec)
         kept = []
         if status.run_id:
             entries = manifest.read_manifest(Path(status.run_dir))
@@ -437,9 +503,10 @@ class Gate:
         return models.JobStatusResult(
             job_id=status.job_id, kind=status.kind, state=status.state, phase=status.phase, experiment=spec.experiment,
             run_dir=shown(self.root, status.run_dir), run_id=status.run_id, epoch=status.epoch,
-            max_epochs=status.max_epochs, step=status.step, last_loss=status.last_loss, last_val=status.last_val,
-            kept=kept, error=status.error, hint=status.hint, result=status.result, elapsed_s=_elapsed(status),
-            log_tail=log_tail(job_dir(self.root, status.job_id), LOG_TAIL), next=_next(status),
+            max_epochs=status.max_epochs, step=status.step, progress=following.in_epoch(status),
+            last_loss=status.last_loss, last_val=status.last_val,
+            kept=kept, error=job_error(status), hint=hint, result=status.result, elapsed_s=_elapsed(status),
+            log_tail=log_tail(job_dir(self.root, status.job_id), LOG_TAIL), next=_next(status, hint),
         )  # fmt: skip
 
 
@@ -467,9 +534,23 @@ def _check_device(device: str) -> None:
 def _job_id(job_id: str) -> str:
     if not isinstance(job_id, str) or not job_id.replace("-", "").isalnum() or len(job_id) > 64:
         raise ConfigError(
-            f"job_id={clip(job_id)} is not a job id; nitro_jobs lists them (e.g. '20261129-072848-63c6e6')."
+            f"job_id={clip(job_id)} is not a job id; nitro_jobs lists them (e.g. job_id='20261129-072848-63c6e6')."
         )
     return job_id
+
+
+def _run_summary(entries: list[manifest.ManifestEntry], run: str) -> models.RunSummary:
+    mine = manifest.run_entries(entries, run)
+    scored = [e for e in mine if e.score is not None]
+    best = None
+    if scored:
+        pick = min if scored[-1].mode == "min" else max
+        best = pick(e.score for e in scored if e.score is not None and e.pair == scored[-1].pair)
+    return models.RunSummary(
+        run=run, checkpoints=len(mine), epochs=[e.epoch for e in mine][-100:],  # nitro_manifest: all
+        metric=mine[-1].metric, mode=mine[-1].mode, best_score=best, latest_file=mine[-1].file,
+        stop_reason=mine[-1].stop_reason, parent=mine[0].parent,
+    )  # fmt: skip
 
 
 def _page(cursor: str | None, limit: int, most: int) -> tuple[int, int]:
@@ -484,19 +565,18 @@ def _page(cursor: str | None, limit: int, most: int) -> tuple[int, int]:
     return int(cursor), limit
 
 
-def _next(status: JobStatus) -> str:
+def _next(status: JobStatus, hint: str | None) -> str:
     if status.state in ("queued", "running"):
-        return f"Call nitro_status(job_id='{status.job_id}', wait_s=20) until it ends."
+        return f"Call {following.follow_call(status.job_id)}: it returns when the job ends."
     if status.state == "succeeded":
         return "Done. nitro_runs and nitro_manifest show the run's checkpoints; nitro_validate evaluates one."
-    if status.state == "failed":
-        return status.hint or "Read error and log_tail, fix the call, and start again."
-    return "The run stays resumable: nitro_train(..., resume='auto') continues it."
+    return hint or "Read error and log_tail, fix the call, and start again."
 
 
-def _progress_text(status: JobStatus) -> str:
-    val = ", ".join(f"{k}={v:.4g}" for k, v in status.last_val.items() if v is not None)
-    return f"{status.state}/{status.phase}: epoch {status.epoch}/{status.max_epochs or '?'} step {status.step} {val}".strip()
+def _seen(status: JobStatus) -> tuple[object, ...]:
+    """What a progress notification reports on: a change of any of it sends one."""
+    at = status.progress.at if status.progress is not None else None
+    return status.state, status.epoch, status.phase, at
 
 
 def _elapsed(status: JobStatus) -> float | None:
@@ -509,18 +589,6 @@ def _elapsed(status: JobStatus) -> float | None:
         else datetime.now(start.tzinfo)
     )
     return round((end - start).total_seconds(), 2)
-
-
-def _type_name(annotation: Any) -> str:
-    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
-
-
-def _jsonable(value: Any) -> Any:
-    return (
-        value
-        if isinstance(value, str | int | float | bool | type(None) | list | dict)
-        else repr(value)
-    )
 
 
 __all__ = ["Gate", "NitroError"]

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from nitro_core.jobs.files import JobKind, JobState, Phase
 from nitro_core.store.manifest import ManifestEntry
@@ -38,30 +44,51 @@ class KeptCheckpoint(_Model):
     stop_reason: str | None
 
 
+class InEpochProgress(_Model):
+    """Inside the epoch in progress (written by the worker about every 2 s)."""
+
+    epoch: int = Field(description="The epoch in progress, from 1.")
+    batch: int
+    batches: int | None
+    loss: float | None = Field(description="Mean train loss over the last few seconds.")
+    epoch_eta_s: float | None
+    eta_s: float | None = Field(description="Seconds left to max_epochs (estimate).")
+    age_s: float = Field(description="Seconds since the worker wrote it.")
+
+
 class JobStatusResult(_Model):
-    """A job's state, progress, result or error, and the run's kept checkpoints."""
+    """A job's state, progress, result or error, and the run's kept checkpoints. With
+    brief=true only job_id, state, epoch, max_epochs, step, progress, last_loss, last_val,
+    next (and error, when set) are present."""
 
     job_id: str
-    kind: JobKind
     state: JobState
-    phase: Phase
-    experiment: str | None
-    run_dir: str
-    run_id: str | None
     epoch: int
     max_epochs: int | None
     step: int
+    progress: InEpochProgress | None = None
     last_loss: float | None
     last_val: dict[str, float | None]
-    kept: list[KeptCheckpoint] = Field(
-        description="The run's checkpoints from its manifest (at most 20, newest last)."
-    )
-    error: str | None
-    hint: str | None
-    result: dict[str, Any] | None
-    elapsed_s: float | None
-    log_tail: str = Field(description="The last few kB of the worker's log.")
     next: str
+    kind: JobKind | None = None
+    phase: Phase | None = None
+    experiment: str | None = None
+    run_dir: str | None = None
+    run_id: str | None = None
+    kept: list[KeptCheckpoint] | None = Field(
+        default=None, description="The run's newest kept checkpoints (at most 20)."
+    )
+    error: str | None = None
+    hint: str | None = None
+    result: dict[str, Any] | None = None
+    elapsed_s: float | None = None
+    log_tail: str | None = Field(default=None, description="The end of the worker's log.")
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A brief reply leaves the fields it was not given out, instead of sending nulls."""
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set}
 
 
 class ValidateResult(_Model):
@@ -75,6 +102,11 @@ class ValidateResult(_Model):
     averaged_from: dict[str, Any] | None
     error: str | None
     next: str
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Each config field that differs from the record's (the call's overrides), "
+        "and the job's other warnings.",
+    )
 
 
 class AverageResult(_Model):
@@ -87,6 +119,11 @@ class AverageResult(_Model):
     metrics: dict[str, float | None] | None
     error: str | None
     next: str
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="With validate=true: each config field that differs from the state "
+        "record's, and the job's other warnings.",
+    )
 
 
 class JobSummary(_Model):
@@ -99,11 +136,22 @@ class JobSummary(_Model):
     created: str
 
 
+class PrunedJobs(_Model):
+    """Ended job directories removed by prune_older_than_h (with dry_run: to be removed)."""
+
+    dry_run: bool
+    jobs: list[str] = Field(description="Job ids, oldest first (at most 50).")
+    count: int
+    bytes: int
+    next: str
+
+
 class JobsPage(_Model):
     jobs: list[JobSummary]
     next_cursor: str | None = Field(
         description="Pass as cursor for the next page; null at the end."
     )
+    pruned: PrunedJobs | None = None
 
 
 class StopResult(_Model):
@@ -125,9 +173,33 @@ class RunSummary(_Model):
     parent: str | None
 
 
-class RunsResult(_Model):
+class RunDirSummary(_Model):
+    """A run directory found under the root."""
+
     run_dir: str
+    runs: list[str] = Field(default_factory=list, description="Run ids (the newest 10).")
+    run_count: int = 0
+    checkpoints: int = 0
+    experiment: str | None = None
+    config: str | None = Field(default=None, description="Its latest record's config.")
+    metric: str | None = None
+    mode: str | None = None
+    best_score: float | None = None
+    best_run: str | None = None
+    last_written: str | None = None
+    bytes: int = Field(description="On disk, logs included.")
+    error: str | None = None
+
+
+class RunsResult(_Model):
+    """With run_dir: its runs. Without (or when it holds no manifest): run directories."""
+
+    run_dir: str | None
     runs: list[RunSummary]
+    run_dirs: list[RunDirSummary] = Field(default_factory=list)
+    total: int | None = None
+    next_cursor: str | None = None
+    hint: str | None = None
 
 
 class ManifestPage(_Model):
@@ -159,5 +231,95 @@ class ExperimentInfo(_Model):
     monitor: list[str] | None
 
 
+class ExperimentModuleInfo(_Model):
+    """A module given with --experiment-module (or an entry point that failed to load)."""
+
+    module: str
+    experiments: list[str] = Field(description="The names its classes are registered under.")
+    error: str | None = Field(description="Why it failed to import; null when it imported.")
+    traceback: list[str] = Field(description="The last lines of the failed import's traceback.")
+    next: str | None = Field(description="What to do about the error.")
+
+
 class ExperimentsResult(_Model):
     experiments: list[ExperimentInfo]
+    more: list[str] = Field(description="Experiments not described here, by name.")
+    modules: list[ExperimentModuleInfo] = Field(
+        description="The operator's experiment modules, failed imports included."
+    )
+    next: str | None = Field(description="How to see the experiments in 'more'.")
+
+
+class CompareRun(_Model):
+    source: str = Field(description="'<run_dir>:<run id>'.")
+    experiment: str | None
+    epochs: int
+    step: int
+    checkpoints: int
+    metric: str | None
+    mode: str | None
+    best_score: float | None
+    best_epoch: int | None
+    final: dict[str, float | None] = Field(description="The last epoch's metrics.")
+    wall_s: float | None
+    wall_from: str | None = Field(description="'log', 'record' or 'manifest' (written times).")
+    parent: str | None
+    stop_reason: str | None
+
+
+class CompareResult(_Model):
+    runs: list[CompareRun]
+    config_diff: dict[str, list[Any]] = Field(
+        description="Plain config fields that differ: field -> its value in each run, in order."
+    )
+    config_diff_omitted: int
+    next: str
+
+
+class DeletedFile(_Model):
+    file: str = Field(description="Relative to run_dir.")
+    run: str
+    epoch: int | None
+    bytes: int
+
+
+class DeleteResult(_Model):
+    """What a deletion removed, or with dry_run would remove."""
+
+    run_dir: str
+    dry_run: bool
+    files: list[DeletedFile] = Field(description="At most 50; files_total counts them all.")
+    files_total: int
+    entries: int = Field(description="Manifest entries dropped.")
+    runs: list[str] = Field(description="Runs dropped whole (their points and logs too).")
+    points: int
+    bytes: int
+    missing: list[str] = Field(description="Listed records already gone from disk.")
+    skipped: list[str] = Field(description="Names holding a link or directory: left alone.")
+    next: str
+
+
+class ExportResult(_Model):
+    path: str
+    bytes: int
+    source_file: str | None
+    run: str | None
+    epoch: int | None
+    step: int | None
+    experiment: str | None
+    averaged_files: int | None
+    next: str
+
+
+class HistoryResult(_Model):
+    """A run's metric history: one row per logged epoch (or step), newest last."""
+
+    run_dir: str
+    run: str
+    runs: list[str] = Field(description="Runs with a metrics log here, latest last (at most 20).")
+    total_rows: int = Field(description="Rows in the run's log.")
+    columns: list[str] = Field(description="Names of the row cells; val.<metric> from validation.")
+    rows: list[list[float | int | str | None]] = Field(
+        description="One list per row, cells in column order; numbers to 5 significant digits."
+    )
+    next: str = Field(description="How many rows exist and how to see others.")

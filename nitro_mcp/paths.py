@@ -16,7 +16,20 @@ from nitro_mcp.echo import clip
 STATE_DIR = ".nitro"
 NAME_MAX = 255  # bytes in one file or directory name (Linux, macOS)
 PATH_MAX = 4096  # bytes in a whole path, with its terminating NUL
-EXAMPLE = "e.g. 'runs/Classifier'"
+_EXAMPLES = {  # the argument, as a refusal writes it: save='runs/Classifier/avg10.safetensors'
+    "save": "'runs/Classifier/avg10.safetensors'",
+    "path": "'runs/Classifier/weights.safetensors'",
+    "weights": "'runs/Classifier/weights.safetensors'",
+    "resume": "'runs/Classifier/epoch-0003.safetensors'",
+    "source": "'runs/Classifier/weights.safetensors'",
+}
+
+
+def example(what: str) -> str:
+    """``e.g. run_dir='runs/Classifier'``: a value for the argument ``what``, written as the
+    argument (as the value alone for an item of a list, such as ``sources[0]``)."""
+    value = _EXAMPLES.get(what, "'runs/Classifier'")
+    return f"e.g. {what}={value}" if what.isidentifier() else f"e.g. {value}"
 
 
 def inside_root(root: Path, text: str, what: str) -> Path:
@@ -25,7 +38,7 @@ def inside_root(root: Path, text: str, what: str) -> Path:
     a sibling such as ``<root>2``) or inside ``<root>/.nitro``."""
     if not isinstance(text, str) or not text.strip() or "\x00" in text:
         raise ConfigError(
-            f"{what}={clip(text)} is not a path; give a path inside the server's root, {EXAMPLE}."
+            f"{what}={clip(text)} is not a path; give a path inside the server's root, {example(what)}."
         )
     _check_lengths(text, what)
     candidate = Path(text)
@@ -34,19 +47,19 @@ def inside_root(root: Path, text: str, what: str) -> Path:
     except (OSError, RuntimeError) as exc:  # a symlink loop, an unreadable directory
         raise ConfigError(
             f"{what}={clip(text)} cannot be resolved ({getattr(exc, 'strerror', None) or exc}); "
-            f"give a plain path inside the server's root, {EXAMPLE}."
+            f"give a plain path inside the server's root, {example(what)}."
         ) from None
     if resolved != root and root not in resolved.parents:  # by component, never by prefix
         raise ConfigError(
             f"{what}={clip(text)} resolves to {clip(str(resolved))}, outside the server's root "
-            f"{str(root)!r}; give a path inside it, {EXAMPLE}."
+            f"{str(root)!r}; give a path inside it, {example(what)}."
         )
     state = root / STATE_DIR
     if resolved == state or state in resolved.parents:
         raise ConfigError(
             f"{what}={clip(text)} is inside {STATE_DIR!r}, the server's own state directory (its "
             f"job store), which no tool reads or writes through a path; give a path outside it, "
-            f"{EXAMPLE}."
+            f"{example(what)}."
         )
     _check_lengths(str(resolved), what, echo=text)
     return resolved
@@ -65,7 +78,7 @@ def directory_inside_root(root: Path, text: str, what: str) -> Path:
         )
         raise ConfigError(
             f"{what}={clip(text)} {where}, not a directory; give a directory (it is created "
-            f"when missing), {EXAMPLE}."
+            f"when missing), {example(what)}."
         )
     return resolved
 
@@ -103,17 +116,17 @@ def _check_lengths(text: str, what: str, echo: str | None = None) -> None:
     except UnicodeError:
         raise ConfigError(
             f"{what}={clip(echo or text)} holds characters that cannot be a file name here; "
-            f"give a path of plain characters, {EXAMPLE}."
+            f"give a path of plain characters, {example(what)}."
         ) from None
     if len(encoded) >= PATH_MAX:
         raise ConfigError(
             f"{what}={clip(echo or text)} is {len(encoded)} bytes long; a path is at most "
-            f"{PATH_MAX - 1} bytes here. Give a shorter path, {EXAMPLE}."
+            f"{PATH_MAX - 1} bytes here. Give a shorter path, {example(what)}."
         )
     for part in encoded.split(b"/"):
         if len(part) > NAME_MAX:
             raise ConfigError(
                 f"{what}={clip(echo or text)} has a name of {len(part)} bytes "
                 f"({clip(os.fsdecode(part), 20)}); a file or directory name is at most "
-                f"{NAME_MAX} bytes. Give a shorter name, {EXAMPLE}."
+                f"{NAME_MAX} bytes. Give a shorter name, {example(what)}."
             )

@@ -9,18 +9,19 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from mcp import Client
 
 from nitro_core.state.header import RecordHeader
 from nitro_core.store.manifest import ManifestEntry
+from nitro_mcp.replies import NitroServer
 
 
 async def _tool_schemas() -> dict[str, Any]:
     from nitro_mcp.server import build_server  # lazy: the server imports torch
 
     with tempfile.TemporaryDirectory() as root:
-        async with Client(build_server(root)) as client:
-            tools = (await client.list_tools()).tools
+        server = build_server(root)
+        assert isinstance(server, NitroServer)
+        tools = await server.list_tools(full=True)  # complete; the listing sent is trimmed
     out: dict[str, dict[str, Any] | None] = {}  # a tool without output has no schema
     for tool in tools:
         out[f"tools/{tool.name}.input.json"] = tool.input_schema

@@ -18,36 +18,40 @@ from typing import Annotated, Any, Literal
 
 import anyio
 import pydantic
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import TextContent
 from pydantic import Field
 
 from nitro_core import __version__
 from nitro_core.errors import NitroError
-from nitro_mcp import models
+from nitro_mcp import models, observe
 from nitro_mcp.echo import clip
 from nitro_mcp.gate import Gate
+from nitro_mcp.phrasing import for_tool
+from nitro_mcp.replies import NitroServer, compact
 
 log = logging.getLogger(__name__)
 WATCH_S = 2.0  # how often the server looks for a queued job that can start
 
 INSTRUCTIONS = """Nitro trains PyTorch experiments and keeps checkpoints you can trust.
 Start with nitro_experiments to see what can be trained. nitro_train starts a background
-job and returns its job_id at once; follow it with nitro_status(job_id, wait_s=20) until
-state is succeeded, failed, stopped or lost. Checkpoints are named by sources such as
+job and returns its job_id at once; follow it with
+nitro_status(job_id, wait_s=25, until='end', brief=true) until state is succeeded, failed,
+stopped or lost. Checkpoints are named by sources such as
 'latest => best', 'a1b2c3d4 => latest' or 'latest => Average(Last(10))'. nitro_validate
 evaluates one; average averages several. Jobs survive this connection: nitro_jobs lists them."""
 
 Source = Annotated[
     str,
-    Field(description="A checkpoint source: 'latest => best', '<run id> => latest', 'all => best', "
-          "'latest => Average(Last(10))', 'latest => Average(Best(5; among=Last(20)))', or a "
-          "path to a .safetensors file inside the root."),
+    Field(description="A checkpoint source, e.g. 'latest => best', '<run id> => latest', "
+          "'latest => Average(Last(10))', or a .safetensors path inside the root."),
 ]  # fmt: skip
 Overrides = Annotated[
     dict[str, Any] | None,
-    Field(description="Experiment config fields to set, e.g. {\"max_epochs\": 3, \"lr\": 0.01}; "
-          "nitro_experiments lists each experiment's fields."),
+    Field(description="Config fields to set, e.g. {\"max_epochs\": 3}; on top of the record's "
+          "config when validating or resuming (a resume changes Host fields only). "
+          "nitro_experiments lists the fields."),
 ]  # fmt: skip
 RunDir = Annotated[
     str | None, Field(description="Run directory inside the root; default runs/<experiment>.")
@@ -64,9 +68,9 @@ def _tool_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             result = fn(*args, **kwargs)
             if hasattr(result, "__await__"):
                 result = await result
-            return result
-        except NitroError as exc:
-            raise ToolError(str(exc)) from exc
+            return compact(result)  # compact JSON text beside the structured content
+        except NitroError as exc:  # what to send instead, written as this tool's arguments
+            raise ToolError(for_tool(str(exc), fn.__name__)) from exc
         except OSError as exc:  # the file system refused something the checks let through
             where = f" at {clip(exc.filename)}" if exc.filename else ""
             raise ToolError(
@@ -119,24 +123,32 @@ def _progress(ctx: Context | None) -> Any:
 
 
 def build_server(
-    root: str | Path = ".", max_jobs: int = 2, experiment_modules: tuple[str, ...] = ()
+    root: str | Path = ".",
+    max_jobs: int = 2,
+    experiment_modules: tuple[str, ...] = (),
+    max_eval_jobs: int = 2,
 ) -> MCPServer:
-    """The Nitro MCP server over ``root``: every path resolves inside it."""
-    gate = Gate(Path(root), max_jobs=max_jobs, experiment_modules=tuple(experiment_modules))
-    server = MCPServer(
+    """The Nitro MCP server over ``root``: every path resolves inside it. ``max_jobs``
+    trainings and, in slots of their own, ``max_eval_jobs`` validations and averages run at
+    once."""
+    gate = Gate(
+        Path(root), max_jobs=max_jobs, experiment_modules=tuple(experiment_modules),
+        max_eval_jobs=max_eval_jobs,
+    )  # fmt: skip
+    server = NitroServer(  # its tool listing is trimmed for agents
         "nitro", instructions=INSTRUCTIONS, version=__version__, lifespan=_watch_queue(gate)
     )
 
     @server.tool(description="Start training an experiment as a background job and return at once with "
-                 "its job_id (state queued or running). Next: nitro_status(job_id, wait_s=20).")  # fmt: skip
+                 "its job_id (state queued or running). Next: nitro_status(job_id, wait_s=25, until='end', brief=true).")  # fmt: skip
     @_tool_errors
     async def nitro_train(
         experiment: Experiment,
         run_dir: RunDir = None,
         resume: Annotated[
-            str,
+            bool | str,
             Field(
-                description="'false' (a new run), 'auto' (continue the latest record, "
+                description="false (a new run), 'auto' (continue the latest record, "
                 "or start fresh), or a source to resume exactly."
             ),
         ] = "false",
@@ -148,9 +160,9 @@ def build_server(
             ),
         ] = None,
         restore_best: Annotated[
-            str,
+            bool | str,
             Field(
-                description="'false', 'true' (end holding the run's best "
+                description="false, true (end holding the run's best "
                 "checkpoint) or 'Average(Last(10))'."
             ),
         ] = "false",
@@ -165,6 +177,20 @@ def build_server(
         ] = None,
         overrides: Overrides = None,
         device: Annotated[str, Field(description="'auto', 'cpu' or 'cuda:0'.")] = "auto",
+        after_running: Annotated[
+            bool,
+            Field(
+                description="When a job already trains run_dir: queue this one to start when "
+                "it ends (false: refuse)."
+            ),
+        ] = False,
+        logger: Annotated[
+            str | None,
+            Field(
+                description="'jsonl' or 'tensorboard' (also writes logs/tb/<run>/); default "
+                "the experiment's logger(). A resume keeps the run's."
+            ),
+        ] = None,
     ) -> models.JobHandle:
         return await _off_loop(
             gate.train,
@@ -178,6 +204,8 @@ def build_server(
             seed,
             overrides,
             device,
+            after_running,
+            logger,
         )
 
     @server.tool(description="Evaluate a checkpoint on a split. Returns the metrics when the job ends within "
@@ -222,20 +250,33 @@ def build_server(
                 "never overwritten)."
             ),
         ] = None,
-        experiment: Annotated[str | None, Field(description="Needed with validate=true.")] = None,
-        validate: Annotated[bool, Field(description="Also evaluate the average on 'val'.")] = False,
+        experiment: Annotated[
+            str | None,
+            Field(description="With validate=true; default: the one the record was written by."),
+        ] = None,
+        validate: Annotated[bool, Field(description="Also evaluate the average on split.")] = False,
         wait_s: Annotated[
             float, Field(description="Seconds to wait for the result, 0 to 60.")
         ] = 20,
+        overrides: Annotated[
+            dict[str, Any] | None,
+            Field(
+                description="With validate=true: config fields to change from the record's, "
+                'e.g. {"batch_size": 256}.'
+            ),
+        ] = None,
+        split: Annotated[
+            str, Field(description="With validate=true: the data split to evaluate.")
+        ] = "val",
         ctx: Context | None = None,
     ) -> models.AverageResult:
         return await gate.average(
-            run_dir, source, save, experiment, validate, wait_s, _progress(ctx)
+            run_dir, source, save, experiment, validate, wait_s, _progress(ctx), overrides, split
         )
 
-    @server.tool(description="A job's state (queued, running, succeeded, failed, stopped, lost), phase, epoch, "
-                 "step, last loss and validation metrics, the run's kept checkpoints, error and hint, result, "
-                 "and a log tail. wait_s (0-25) long-polls until the next epoch or the end, with progress.")  # fmt: skip
+    @server.tool(description="A job's state, phase, epoch, step, progress inside the epoch (batch, loss, ETA), "
+                 "last metrics, kept checkpoints, error, hint, result and log tail. wait_s (0-25) long-polls with "
+                 "progress notifications; to follow a job cheaply: wait_s=25, until='end', brief=true.")  # fmt: skip
     @_tool_errors
     async def nitro_status(
         job_id: Annotated[
@@ -244,9 +285,21 @@ def build_server(
         wait_s: Annotated[
             float, Field(description="Long-poll up to this many seconds, 0 to 25.")
         ] = 0,
+        until: Annotated[
+            str,
+            Field(
+                description="'change': return at the next epoch end too; 'end': only when the "
+                "job ends (or wait_s passes).",
+                json_schema_extra={"enum": ["change", "end"]},
+            ),
+        ] = "change",
+        brief: Annotated[
+            bool,
+            Field(description="Only state, epoch, step, progress, last metrics, error and next."),
+        ] = False,
         ctx: Context | None = None,
     ) -> models.JobStatusResult:
-        return await gate.status(job_id, wait_s, _progress(ctx))
+        return await gate.status(job_id, wait_s, _progress(ctx), until, brief)
 
     @server.tool(description="List jobs, newest first, including those started before this server restarted. "
                  "Paginated: pass next_cursor back as cursor.")  # fmt: skip
@@ -256,8 +309,11 @@ def build_server(
                          Field(description="Only jobs in this state.")] = None,
         limit: Annotated[int, Field(description="Jobs per page, 1 to 100.")] = 20,
         cursor: Annotated[str | None, Field(description="next_cursor of the previous page.")] = None,
+        prune_older_than_h: Annotated[float | None, Field(
+            description="Remove jobs that ended over this many hours ago.")] = None,
+        dry_run: Annotated[bool, Field(description="false: prune for real.")] = True,
     ) -> models.JobsPage:  # fmt: skip
-        return await _off_loop(gate.list_jobs, state, limit, cursor)
+        return await _off_loop(gate.list_jobs, state, limit, cursor, prune_older_than_h, dry_run)
 
     @server.tool(description="Stop a job. Graceful by default: the epoch finishes, validates and checkpoints "
                  "(stop_reason 'requested'). force=true kills it now; the run stays resumable with resume='auto'.")  # fmt: skip
@@ -270,20 +326,62 @@ def build_server(
     ) -> models.StopResult:
         return await _off_loop(gate.stop, job_id, force)
 
-    @server.tool(description="The runs a run directory holds: each run's checkpoints, epochs, best score, "
-                 "latest file and stop reason. Name one in a source as '<run> => best'.")  # fmt: skip
+    @server.tool(description="Without run_dir: every run directory under the root, paginated. With run_dir: "
+                 "its runs (checkpoints, epochs, best score, parent); name one as '<run> => best'.")  # fmt: skip
     @_tool_errors
     async def nitro_runs(
-        run_dir: Annotated[str, Field(description="A run directory inside the root.")],
+        run_dir: Annotated[
+            str | None, Field(description="A run directory; omit to list them all.")
+        ] = None,
+        limit: Annotated[int, Field(description="Run directories per page, 1 to 100.")] = 20,
+        cursor: Annotated[
+            str | None, Field(description="next_cursor of the previous page.")
+        ] = None,
     ) -> models.RunsResult:
-        return await _off_loop(gate.runs, run_dir)
+        return await _off_loop(gate.runs, run_dir, limit, cursor)
+
+    @server.tool(description="Compare 2 to 8 runs: the plain config fields that differ, best and final "
+                 "metrics, epochs, wall time and parent.")  # fmt: skip
+    @_tool_errors
+    async def nitro_compare(
+        sources: Annotated[
+            list[str],
+            Field(description="'runs/a' (its latest run), 'runs/a:<run id>', 'runs/a:all'."),
+        ],
+    ) -> models.CompareResult:  # fmt: skip
+        return await _off_loop(gate.compare, sources)
+
+    @server.tool(description="Delete a run (records, entries, points, log) or some records. A dry run by "
+                 "default: shows what would go; dry_run=false frees the space. Refused while a job uses it.")  # fmt: skip
+    @_tool_errors
+    async def nitro_delete(
+        run_dir: Annotated[str, Field(description="A run directory inside the root.")],
+        run: Annotated[
+            str | None, Field(description="A run id (omit run and files: every run).")
+        ] = None,
+        files: Annotated[
+            list[str] | None, Field(description="Record file names (nitro_manifest lists them).")
+        ] = None,
+        dry_run: Annotated[bool, Field(description="false: really delete.")] = True,
+    ) -> models.DeleteResult:
+        return await _off_loop(gate.delete, run_dir, run, files, dry_run)
+
+    @server.tool(description="Write a checkpoint's weights (state-dict names, with provenance) to a new "
+                 ".safetensors file inside the root.")  # fmt: skip
+    @_tool_errors
+    async def nitro_export(
+        source: Annotated[str, Field(description="'latest => best', another source, or a path.")],
+        path: Annotated[str, Field(description="A new .safetensors file (never overwritten).")],
+        run_dir: Annotated[str | None, Field(description="The source's run directory.")] = None,
+    ) -> models.ExportResult:
+        return await _off_loop(gate.export, source, path, run_dir)
 
     @server.tool(description="The manifest of a run directory: one entry per kept checkpoint (file, epoch, "
                  "step, score, metric, mode, stop_reason, run, parent, written, bytes, sha256). Paginated.")  # fmt: skip
     @_tool_errors
     async def nitro_manifest(
         run_dir: Annotated[str, Field(description="A run directory inside the root.")],
-        limit: Annotated[int, Field(description="Entries per page, 1 to 200.")] = 50,
+        limit: Annotated[int, Field(description="Entries per page, 1 to 200.")] = 20,
         cursor: Annotated[
             str | None, Field(description="next_cursor of the previous page.")
         ] = None,
@@ -298,11 +396,57 @@ def build_server(
     ) -> models.CheckpointInfoResult:
         return await _off_loop(gate.checkpoint_info, path)
 
-    @server.tool(description="The registered experiments: name, description, config fields with types, "
-                 "defaults and Host marks (Host fields may change on resume), data splits and monitor.")  # fmt: skip
+    @server.tool(description="The registered experiments: config fields with types, defaults and Host marks "
+                 "(Host fields may change on resume), splits, monitor; and each --experiment-module with its "
+                 "import error.")  # fmt: skip
     @_tool_errors
-    async def nitro_experiments() -> models.ExperimentsResult:
-        return await _off_loop(gate.experiments)
+    async def nitro_experiments(
+        name: Annotated[
+            str | None, Field(description="One experiment; default all (bounded).")
+        ] = None,
+    ) -> models.ExperimentsResult:
+        return await _off_loop(gate.experiments, name)
+
+    @server.tool(description="A run's metric history from its log: one row per epoch (epoch, step, train_loss, "
+                 "lr, val.<metric>, seconds), newest last, bounded; next says how many rows exist and how to see more.")  # fmt: skip
+    @_tool_errors
+    async def nitro_history(
+        run_dir: Annotated[str, Field(description="A run directory inside the root.")],
+        run: Annotated[
+            str | None, Field(description="A run id; default the run that logged last.")
+        ] = None,
+        columns: Annotated[
+            list[str] | None, Field(description="e.g. ['epoch', 'val.loss']; default all.")
+        ] = None,
+        every: Annotated[int, Field(description="Keep every Nth row, ending at the last.")] = 1,
+        last: Annotated[
+            int | None, Field(description="Only the last N rows (after every).")
+        ] = None,
+    ) -> models.HistoryResult:
+        return await _off_loop(
+            lambda: observe.history(
+                gate.root, gate._existing_dir(run_dir), run, columns, every, last
+            )
+        )
+
+    @server.tool(description="A PNG of a run's curves (one panel per metric, epoch on x, one line per run), "
+                 "returned as image content. Needs matplotlib: pip install 'nitro[plot]'.")  # fmt: skip
+    @_tool_errors
+    async def nitro_plot(
+        run_dir: Annotated[str, Field(description="A run directory inside the root.")],
+        runs: Annotated[
+            list[str] | None,
+            Field(description="Run ids to draw together (up to 8); default the latest."),
+        ] = None,
+        metrics: Annotated[
+            list[str] | None,
+            Field(description="e.g. ['train_loss', 'val.acc']; default the loss and val metrics."),
+        ] = None,
+    ) -> list[Image | TextContent]:
+        png, caption = await _off_loop(
+            lambda: observe.plot(gate.root, gate._existing_dir(run_dir), runs, metrics)
+        )
+        return [Image(data=png, format="png"), TextContent(type="text", text=caption)]
 
     _forbid_unknown_arguments(server)
     return server

@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nitro_core.store",),
     ("nitro_core.policy", "nitro_core.sources"),
     ("nitro_core.state",),
-    ("nitro_core.averaging", "nitro_core.export", "nitro_core.info"),
+    ("nitro_core.averaging", "nitro_core.export", "nitro_core.info", "nitro_core.pruning"),
     ("nitro_core.experiment", "nitro_core.training"),
     ("nitro_core.examples", "nitro_core.registry"),
     ("nitro_core.jobs",),

@@ -56,8 +56,25 @@ class JobSpec(BaseModel):
     save: str | None = None
     validate_average: bool = False
     device: str = "auto"
+    logger: Literal["jsonl", "tensorboard"] | None = None  # None: the experiment's logger()
+    after: str | None = None  # a job this one waits for: it stays queued until that one ends
     max_jobs: int = Field(default=2, ge=0)  # the submitting server's limit, for the worker's pump
+    max_eval_jobs: int = Field(default=2, ge=0)  # its limit on validate and average jobs
     created: str
+
+
+class EpochProgress(BaseModel):
+    """Where the epoch in progress stands (the worker writes it about every two seconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    epoch: int  # the epoch in progress, counted from 1
+    batch: int  # its batches done
+    batches: int | None  # its batch count, when known
+    loss: float | None  # mean training loss over the last few seconds of steps
+    epoch_eta_s: float | None  # seconds left in this epoch's training steps
+    eta_s: float | None  # seconds left to max_epochs
+    at: float  # the Unix time it was taken
 
 
 class JobStatus(BaseModel):
@@ -78,6 +95,7 @@ class JobStatus(BaseModel):
     step: int = 0
     last_loss: float | None = None
     last_val: dict[str, float | None] = Field(default_factory=dict)  # NaN/inf are stored as null
+    progress: EpochProgress | None = None  # inside the epoch in progress
     error: str | None = None
     hint: str | None = None
     result: dict[str, Any] | None = None

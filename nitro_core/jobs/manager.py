@@ -1,12 +1,15 @@
-"""The job manager: creates jobs, starts a worker process per job (at most ``max_jobs`` at
-once, later ones queued), reports their state from their files, and stops them.
+"""The job manager: creates jobs, starts a worker process per job (at most ``max_jobs``
+trainings and, in slots of their own, ``max_eval_jobs`` validations and averages at once;
+later ones queued), reports their state from their files, and stops them.
 
 Workers run in their own session, so they outlive the server and a client's disconnect. A
 worker that ends starts the next queued job itself (``pump``), so the queue drains with no
 server or client attached. A new manager over the same root sees every earlier job; one
 whose worker vanished without recording an end is reported as ``lost``. Anything in the job
 store that is not a job (a stray file, a half-created directory, a link) is skipped; a link
-at ``.nitro`` or ``.nitro/jobs`` is refused (:mod:`nitro_core.jobs.files`).
+at ``.nitro`` or ``.nitro/jobs`` is refused (:mod:`nitro_core.jobs.files`). Listing and
+starting queued jobs read the job index (:mod:`nitro_core.jobs.index`) and the live jobs'
+own files, never every job's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import builtins
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +45,7 @@ from nitro_core.jobs.files import (
     real_dir,
     write_json,
 )
+from nitro_core.jobs.index import IndexRow, JobIndex
 from nitro_core.jobs.status import compare_and_set, update_status_if
 from nitro_core.store.manifest import now_iso
 
@@ -48,13 +53,16 @@ log = logging.getLogger(__name__)
 
 
 class JobManager:
-    """Jobs under ``<root>/.nitro/jobs``."""
+    """Jobs under ``<root>/.nitro/jobs``. Trainings and evaluations (validate, average)
+    queue separately: an evaluation never waits behind ``max_jobs`` trainings."""
 
-    def __init__(self, root: Path, max_jobs: int = 2) -> None:
+    def __init__(self, root: Path, max_jobs: int = 2, max_eval_jobs: int = 2) -> None:
         self.root = Path(root).resolve()
         self.max_jobs = max_jobs
+        self.max_eval_jobs = max_eval_jobs
         self.store_dir = self.root / STORE_NAME
         self.jobs_dir = self.store_dir / "jobs"
+        self.index = JobIndex(self.store_dir, self.jobs_dir)
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- creating and starting ------------------------------------------------------------------
@@ -72,7 +80,10 @@ class JobManager:
                 f"store {str(self.jobs_dir)!r} must be a writable directory; move whatever "
                 "occupies that path away and call again."
             ) from None
-        spec = JobSpec(job_id=job_id, created=now_iso(), max_jobs=self.max_jobs, **fields)
+        spec = JobSpec(
+            job_id=job_id, created=now_iso(), max_jobs=self.max_jobs,
+            max_eval_jobs=self.max_eval_jobs, **fields,
+        )  # fmt: skip
         write_json(directory / "spec.json", spec)
         status = JobStatus(
             job_id=job_id,
@@ -83,23 +94,32 @@ class JobManager:
         )
         write_json(directory / "status.json", status)
         append_event(directory, {"time": spec.created, "event": "queued"})
+        self.index.note(IndexRow.of(status, spec.experiment))
         self.pump()
         return self.status(job_id)
 
-    def pump(self) -> None:
-        """Start queued jobs, oldest first, while fewer than ``max_jobs`` run. Servers and
-        ending workers pump under one lock, so together they never exceed ``max_jobs``."""
-        if not any(s.state == "queued" for s in self._all()):
+    def pump(self, rows: dict[str, IndexRow] | None = None) -> None:
+        """Start queued jobs, oldest first, while a slot of their kind is free: fewer than
+        ``max_jobs`` trainings, or fewer than ``max_eval_jobs`` validations and averages,
+        running. Servers and ending workers pump under one lock, so together they never
+        exceed either limit. ``rows``: the index as the caller just read it."""
+        if not any(s.state == "queued" for s in self._live(rows)):
             return  # nothing to start (the common case: no lock, no file written)
         with locked(self.store_dir, "pump.lock"):
-            statuses = [self._refresh(s) for s in self._all()]
-            running = sum(s.state == "running" for s in statuses)
+            statuses = self._live()  # every job not ended, refreshed
+            limit = {True: self.max_jobs, False: self.max_eval_jobs}  # by "is a training"
+            running = {True: 0, False: 0}
+            for s in statuses:
+                running[s.kind == "train"] += s.state == "running"
             queued = sorted((s for s in statuses if s.state == "queued"), key=lambda s: s.created)
             for s in queued:
-                if running >= self.max_jobs:
-                    break
+                train = s.kind == "train"
+                if running[train] >= limit[train]:
+                    continue
+                if _waits(self.root, s.job_id, statuses):  # queued behind a job not yet ended
+                    continue
                 self._launch(s.job_id)
-                running += 1
+                running[train] += 1
 
     def _launch(self, job_id: str) -> None:
         directory = job_dir(self.root, job_id)
@@ -180,10 +200,31 @@ class JobManager:
         return status
 
     def list(self, state: JobState | None = None) -> builtins.list[JobStatus]:
-        """Every job, newest first."""
+        """Every job's full status, newest first (reads every job: ``page`` is the cheap
+        listing)."""
         self.pump()
         out = [self._refresh(s) for s in self._all()]
         out = [s for s in out if state is None or s.state == state]
+        return sorted(out, key=lambda s: s.created, reverse=True)
+
+    def page(
+        self, state: JobState | None, start: int, limit: int
+    ) -> tuple[builtins.list[IndexRow], bool]:
+        """Jobs ``start`` to ``start + limit`` of the listing, newest first, and whether more
+        follow: from the index, with only the live jobs read from their own files."""
+        rows = self._rows()
+        self.pump(rows)
+        current = [r for r in rows.values() if r.state in TERMINAL] + [
+            IndexRow.of(s, rows[s.job_id].experiment) for s in self._live(rows)
+        ]  # a live job whose files cannot be read now is left out, as a full scan would
+        listed = [r for r in current if state is None or r.state == state]
+        listed.sort(key=lambda r: (r.created, r.job_id), reverse=True)
+        return listed[start : start + limit], start + limit < len(listed)
+
+    def live(self) -> builtins.list[JobStatus]:
+        """The queued and running jobs' full statuses, newest first: from the index, with
+        only these jobs' own files read (``list`` reads every job)."""
+        out = [s for s in self._live() if s.state not in TERMINAL]
         return sorted(out, key=lambda s: s.created, reverse=True)
 
     def _all(self) -> builtins.list[JobStatus]:  # builtins: the method list() shadows it
@@ -192,19 +233,41 @@ class JobManager:
             return []
         out = []
         for directory in self.jobs_dir.iterdir():
-            if directory.is_symlink():  # never followed: it could lead out of the root
-                log.debug("skipping %s in the job store: it is a symbolic link", directory.name)
+            status = _entry(directory)
+            if status is not None:
+                out.append(status)
+        return out
+
+    def _rows(self) -> dict[str, IndexRow]:
+        """Every job's index row (an ended job's is final; a live one's state may be old)."""
+        if not (real_dir(self.store_dir) and real_dir(self.jobs_dir)):  # a link: refused
+            return {}
+        return self.index.rows(self._index_row)
+
+    def _index_row(self, name: str) -> IndexRow | None:
+        status = _entry(self.jobs_dir / name)
+        if status is None:
+            return None
+        try:
+            experiment = read_spec(self.jobs_dir / name).experiment
+        except (OSError, ValueError):  # being created right now: its next listing reads it
+            return None
+        return IndexRow.of(status, experiment)
+
+    def _live(self, rows: dict[str, IndexRow] | None = None) -> builtins.list[JobStatus]:
+        """The statuses of the jobs not known to have ended (among ``rows``, by default
+        the index's), read from their own files and refreshed; one found ended now is noted
+        in the index."""
+        out = []
+        for row in (self._rows() if rows is None else rows).values():
+            if row.state in TERMINAL:
                 continue
-            try:
-                status = read_status(directory)
-            except (OSError, ValueError) as exc:  # being created right now, or not a job
-                log.debug("skipping %s in the job store: %s", directory.name, exc)
+            status = _entry(job_dir(self.root, row.job_id))
+            if status is None:
                 continue
-            if status.job_id != directory.name:
-                log.debug(
-                    "skipping %s in the job store: it holds job %s", directory.name, status.job_id
-                )
-                continue
+            status = self._refresh(status)
+            if status.state in TERMINAL:
+                self.index.note(IndexRow.of(status, row.experiment))
             out.append(status)
         return out
 
@@ -281,6 +344,64 @@ class JobManager:
         )  # fmt: skip
         self.pump()
         return killed if killed is not None else read_status(directory)
+
+    # -- pruning ----------------------------------------------------------------------------------
+    def prune(self, older_than_s: float, dry_run: bool = True) -> builtins.list[tuple[str, int]]:
+        """The ended jobs (succeeded, failed, stopped, lost) that ended more than
+        ``older_than_s`` seconds ago and whose worker is gone, oldest first, with the bytes
+        of their directories; unless ``dry_run``, those directories are removed. A queued or
+        running job is never one of them."""
+        now = datetime.now(UTC)
+        out = []
+        for status in sorted(self._all(), key=lambda s: s.ended or s.created):
+            when = datetime.fromisoformat((status.ended or status.created).replace("Z", "+00:00"))
+            if (
+                status.state not in TERMINAL
+                or alive(status.pid, status.pid_start)
+                or (now - when).total_seconds() <= older_than_s
+            ):
+                continue
+            directory = job_dir(self.root, status.job_id)
+            out.append((status.job_id, _bytes_in(directory)))
+            if not dry_run:
+                shutil.rmtree(directory)  # removes links inside, never what they point to
+        return out
+
+
+def _waits(root: Path, job_id: str, statuses: builtins.list[JobStatus]) -> bool:
+    """Whether the queued job names (``after``) a job that is still queued or running."""
+    try:
+        after = read_spec(job_dir(root, job_id)).after
+    except (OSError, ValueError):  # unreadable: it fails on its own when it starts
+        return False
+    return after is not None and any(
+        s.job_id == after and s.state not in TERMINAL for s in statuses
+    )
+
+
+def _bytes_in(directory: Path) -> int:
+    """Bytes of the regular files directly in a job's directory (no link followed)."""
+    with os.scandir(directory) as it:
+        return sum(
+            e.stat(follow_symlinks=False).st_size for e in it if e.is_file(follow_symlinks=False)
+        )
+
+
+def _entry(directory: Path) -> JobStatus | None:
+    """The status of the job in ``directory``; None (logged) when it is not one: a link
+    (never followed), unreadable or half-created, or a copy holding another job's id."""
+    if directory.is_symlink():  # never followed: it could lead out of the root
+        log.debug("skipping %s in the job store: it is a symbolic link", directory.name)
+        return None
+    try:
+        status = read_status(directory)
+    except (OSError, ValueError) as exc:  # being created right now, or not a job
+        log.debug("skipping %s in the job store: %s", directory.name, exc)
+        return None
+    if status.job_id != directory.name:
+        log.debug("skipping %s in the job store: it holds job %s", directory.name, status.job_id)
+        return None
+    return status
 
 
 def _launching(status: JobStatus) -> bool:

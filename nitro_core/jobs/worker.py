@@ -17,11 +17,20 @@ import sys
 import threading
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nitro_core.errors import CheckpointCorrupt, MonitorError, NitroError
+from nitro_core.errors import (
+    CheckpointCorrupt,
+    ConfigError,
+    MonitorError,
+    NitroError,
+    NonFiniteLoss,
+)
+from nitro_core.jobs.calls import Failure, after_failure, nothing_to_train, spec_train_arguments
 from nitro_core.jobs.files import (
+    EpochProgress,
     JobSpec,
     append_event,
     note_event,
@@ -31,7 +40,10 @@ from nitro_core.jobs.files import (
 )
 from nitro_core.jobs.manager import JobManager
 from nitro_core.jobs.status import update_status, update_status_if
-from nitro_core.store.manifest import now_iso
+from nitro_core.store.manifest import now_iso, read_manifest
+
+if TYPE_CHECKING:
+    from nitro_core.training.progress import Snapshot
 
 log = logging.getLogger("nitro.worker")
 WATCH_S = 0.25  # how often the stop watcher looks at the flags
@@ -77,7 +89,7 @@ def _main(spec: JobSpec, directory: Path, stop: _Stop) -> int:
             traceback.print_exc(file=sys.stderr)
             _end(
                 directory, "failed", phase="failed", error=_error_text(exc),
-                hint=_hint(exc, spec), result={"warnings": _warnings(caught)},
+                hint=_hint(exc, spec, directory), result={"warnings": _warnings(caught)},
                 detail={"error": str(exc)},
             )  # fmt: skip
             return 1
@@ -106,7 +118,11 @@ def _state(directory: Path) -> str:
 def _pump_queue(directory: Path, spec: JobSpec) -> None:
     """Start the next queued job now that this one's slot is free."""
     try:
-        JobManager(directory.parent.parent.parent, max_jobs=spec.max_jobs).pump()
+        JobManager(
+            directory.parent.parent.parent,
+            max_jobs=spec.max_jobs,
+            max_eval_jobs=spec.max_eval_jobs,
+        ).pump()
     except Exception:  # the job's own result is recorded already; a server pumps later
         log.exception("could not start the next queued job")
 
@@ -156,17 +172,33 @@ class _Stop:
                 self.handle_ref.request_stop()  # again after train() clears it: idempotent
 
 
-def _experiment(spec: JobSpec) -> Any:
+def _experiment(spec: JobSpec, record: Any = None) -> Any:
+    """The job's experiment: built from the config of the record ``record`` names (the
+    overrides on top, each difference a warning in the result), else from the defaults."""
     from nitro_core.registry import load_registry, lookup  # lazy: examples import torch
+    from nitro_core.training.from_record import experiment_from_record  # lazy: torch
 
     assert spec.experiment is not None  # the server submits no job needing one without it
     cls = lookup(load_registry(spec.experiment_modules), spec.experiment)
-    return cls(**spec.overrides)
+    if record is None:
+        return cls(**spec.overrides)
+    return experiment_from_record(cls, record, spec.run_dir, **spec.overrides)
+
+
+def _resumed(spec: JobSpec, entries: list[Any]) -> str | None:
+    """The record a train job resumes (its config is the run's), or None for a new run."""
+    if spec.resume in ("false", ":false") or spec.weights is not None:
+        return None
+    if spec.resume in ("auto", ":auto"):
+        return "latest => latest" if entries else None
+    return spec.resume
 
 
 def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], str]:
-    from nitro_core import Nitro, average_checkpoints, read_manifest  # lazy: torch
+    from nitro_core import Nitro, average_checkpoints  # lazy: torch
 
+    if spec.kind != "train":  # _experiment named each field that differs from the record
+        warnings.filterwarnings("ignore", r"weights from .* were trained under another config")
     stop.check()
     if spec.kind == "average":
         saved = Path(spec.save) if spec.save else None
@@ -179,16 +211,16 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
         if spec.validate_average and not stop.is_requested():  # the average stands either way
             update_status(directory, phase="validating")
             n = Nitro(
-                _experiment(spec),
+                _experiment(spec, saved if saved else spec.source),
                 run_dir=spec.run_dir,
                 weights=saved if saved else spec.source,
                 device=spec.device,
             )
             result["metrics"] = n.evaluate(spec.split)
         return result, "succeeded"
-    exp = _experiment(spec)
-    stop.check()
     if spec.kind == "validate":
+        exp = _experiment(spec, spec.weights)
+        stop.check()
         update_status(directory, phase="loading")
         n = Nitro(
             exp,
@@ -207,6 +239,9 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
             "checkpoint": str(n.checkpoint_source),
             "averaged_from": n.averaged_from,
         }, "succeeded"
+    record = _resumed(spec, read_manifest(spec.run_dir))
+    exp = _experiment(spec, record)  # a resume: the run's recorded config
+    stop.check()
     update_status(directory, phase="setup")
     n = Nitro(
         exp,
@@ -218,7 +253,14 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
         restore_optimizer=spec.restore_optimizer,
         strict=spec.strict,
         device=spec.device,
+        logger=spec.logger,
     )
+    if record is not None and n.epoch >= exp.max_epochs:
+        raise ConfigError(  # queued behind another job, the run reached max_epochs meanwhile
+            nothing_to_train(
+                spec_train_arguments(spec, _root(directory)), n.run_id, n.epoch, exp.max_epochs
+            )
+        )
     stop.check()  # before training: the run is left as it was
     stop.handle_ref = n
     update_status(
@@ -255,7 +297,7 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
         )
         append_event(directory, {"time": now_iso(), "event": "epoch", **row})
 
-    n.train(on_epoch=on_epoch)
+    n.train(on_epoch=on_epoch, on_progress=_progress_writer(directory))
     kept = [e.model_dump() for e in read_manifest(n.run_dir) if e.run == n.run_id]
     result = {
         "run_id": n.run_id,
@@ -270,20 +312,61 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
     return result, "stopped" if n.stop_reason == "requested" else "succeeded"
 
 
+def _progress_writer(directory: Path) -> Callable[[Snapshot], None]:
+    """The handle's progress listener: each snapshot (about every two seconds, never per
+    step) lands in ``status.json`` by compare-and-set. Progress is best effort: a write that
+    fails is logged, and training goes on."""
+
+    def write(snap: Snapshot) -> None:
+        changes: dict[str, Any] = {"progress": EpochProgress(
+            epoch=snap.epoch, batch=snap.batch, batches=snap.batches, loss=snap.loss,
+            epoch_eta_s=snap.epoch_eta_s, eta_s=snap.eta_s, at=snap.at,
+        )}  # fmt: skip
+        if snap.step is not None:
+            changes["step"] = snap.step
+        try:
+            update_status(directory, **changes)
+        except Exception:  # a full disk or a planted link: the next epoch's write says more
+            log.exception("could not record the progress of epoch %d", snap.epoch)
+
+    return write
+
+
 def _warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     """At most 20 distinct warnings of at most 500 characters each."""
     texts = list(dict.fromkeys(str(w.message) for w in caught))[:20]
     return [t if len(t) <= 500 else t[:497] + "..." for t in texts]
 
 
-def _hint(exc: Exception, spec: JobSpec) -> str:
-    if isinstance(exc, MonitorError):
-        return "Fix the metric or learning rate, then call nitro_train again with resume='auto'."
-    if isinstance(exc, CheckpointCorrupt):
-        return "Pick another checkpoint: nitro_manifest lists them."
-    if isinstance(exc, NitroError):
-        return "The error says what to write instead; call again with it."
-    return "An unexpected error: the log tail holds the traceback. The run stays resumable with resume='auto'."
+def _hint(exc: Exception, spec: JobSpec, directory: Path) -> str:
+    """What to call after the failure: a complete tool call in the job's own arguments."""
+    run = _state_field(directory, "run_id")
+    recorded = run is not None and any(e.run == run for e in _entries(spec))
+    if isinstance(exc, MonitorError | NonFiniteLoss):
+        failure: Failure = "diverged"
+    elif isinstance(exc, CheckpointCorrupt):
+        failure = "corrupt"
+    else:
+        failure = "refused" if isinstance(exc, NitroError) else "unexpected"
+    return after_failure(spec, _root(directory), failure, run if recorded else None)
+
+
+def _root(directory: Path) -> Path:
+    return directory.parent.parent.parent  # <root>/.nitro/jobs/<job_id>
+
+
+def _state_field(directory: Path, name: str) -> Any:
+    try:
+        return getattr(read_status(directory), name)
+    except (OSError, ValueError):
+        return None
+
+
+def _entries(spec: JobSpec) -> list[Any]:
+    try:
+        return read_manifest(Path(spec.run_dir))
+    except (OSError, NitroError):
+        return []
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ class Last:
 
 @dataclass(frozen=True)
 class Every:
-    """Entries whose epoch is a multiple of ``n``."""
+    """Epoch-end entries whose epoch is a multiple of ``n`` (mid-epoch records never)."""
 
     n: int
 
@@ -94,7 +94,8 @@ class Every:
 
 @dataclass(frozen=True, init=False)
 class Epochs:
-    """Specific epochs: ``Epochs(5)``, ``Epochs(range(3, 8))`` or ``Epochs([2, 4, 6])``.
+    """Specific epochs' end records: ``Epochs(5)``, ``Epochs(range(3, 8))`` or
+    ``Epochs([2, 4, 6])`` (mid-epoch records never).
 
     ``epochs`` holds them sorted, as a ``range`` when they are consecutive (stored by its
     ends, never expanded) and a tuple otherwise; ``epoch in selector`` tests membership
@@ -173,15 +174,17 @@ def pick(
 ) -> list[ManifestEntry]:
     """The entries ``selector`` chooses from ``entries`` (oldest first), in their order.
 
-    ``Best`` ranks finite scores only, by ``mode``; ties keep the earlier entry, so a new
-    record must be strictly better to displace one already kept.
+    ``Last`` takes the latest entries whatever their place in an epoch; ``Every`` and
+    ``Epochs`` take epoch-end entries only (``batch`` None). ``Best`` ranks finite scores
+    only, by ``mode``; ties keep the earlier entry, so a new record must be strictly better
+    to displace one already kept.
     """
     if isinstance(selector, Last):
         return list(entries[-selector.k :])
     if isinstance(selector, Every):
-        return [e for e in entries if e.epoch % selector.n == 0]
+        return [e for e in entries if e.batch is None and e.epoch % selector.n == 0]
     if isinstance(selector, Epochs):
-        return [e for e in entries if e.epoch in selector]
+        return [e for e in entries if e.batch is None and e.epoch in selector]
     pool = entries if selector.among is None else pick(selector.among, entries, mode)
     chosen = set(map(id, ranked(pool, mode, selector.k)))
     return [e for e in entries if id(e) in chosen]
@@ -225,6 +228,13 @@ class Checkpointer:
     ``scope="run"`` confines retention to the run's own entries; ``scope="dir"`` ranks and
     deletes across every run in the directory. ``dir`` stores records somewhere other than
     the run directory; ``name`` prefixes every record's file name.
+
+    ``every_steps=N`` adds a checkpoint point after every N optimizer steps to the one at
+    each epoch end: it validates, checks the monitor, decides stops, logs and offers a
+    record, as an epoch end does. ``async_write=True`` (the default) blocks training only
+    while the state is copied to host memory and writes the record on a background thread
+    (one write in flight; ``train()`` returns after the last is committed, and raises a
+    failed write's error at the next point or at its end); ``False`` writes in the step.
     """
 
     keep: tuple[Selector, ...]
@@ -233,6 +243,8 @@ class Checkpointer:
     scope: Scope
     dir: str | None
     name: str | None
+    every_steps: int | None
+    async_write: bool
 
     def __init__(
         self,
@@ -242,6 +254,8 @@ class Checkpointer:
         scope: Scope = "run",
         dir: str | None = None,
         name: str | None = None,
+        every_steps: int | None = None,
+        async_write: bool = True,
     ) -> None:
         # A hand-written __init__ so that ``keep`` accepts one selector yet reads as a tuple.
         selectors = keep if isinstance(keep, tuple | list) else (keep,)
@@ -251,6 +265,8 @@ class Checkpointer:
         object.__setattr__(self, "scope", scope)
         object.__setattr__(self, "dir", dir)
         object.__setattr__(self, "name", name)
+        object.__setattr__(self, "every_steps", every_steps)
+        object.__setattr__(self, "async_write", async_write)
         self._validate()
 
     def _validate(self) -> None:
@@ -285,6 +301,20 @@ class Checkpointer:
             )
         if self.scope not in ("run", "dir"):
             raise ConfigError(f"Checkpointer(scope={self.scope!r}): scope is 'run' or 'dir'.")
+        steps = self.every_steps
+        if steps is not None and (
+            isinstance(steps, bool) or not isinstance(steps, int) or steps < 1
+        ):
+            raise ConfigError(
+                f"Checkpointer(every_steps={steps!r}): every_steps is a positive number of "
+                "optimizer steps between checkpoint points, or None for epoch ends only; write "
+                "e.g. Checkpointer(every_steps=500)."
+            )
+        if not isinstance(self.async_write, bool):
+            raise ConfigError(
+                f"Checkpointer(async_write={self.async_write!r}): write True (records written on "
+                "a background thread, the default) or False (written before training goes on)."
+            )
 
     @property
     def ranks(self) -> bool:

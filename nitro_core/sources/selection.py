@@ -1,11 +1,12 @@
 """What a selector names in one run's history, and whether a keep can hold it: pure
 decisions over manifest points and entries.
 
-A run passes a *point* at every epoch end, written or not; the manifest records them all.
+A run passes a *point* at every epoch end, and with ``Checkpointer(every_steps=N)`` after
+every N optimizer steps inside an epoch, written or not; the manifest records them all.
 An ``Average``'s selector names points of that history, not of what survived retention:
 ``Last(k)`` is the run's last ``k`` points, ``Best(k)`` its best ``k`` ever scored under the
 ranking pair (``among=`` first narrows the history), ``Every(n)`` and ``Epochs(...)`` the
-epoch ends whose epoch they name. The run must still hold every point named;
+epoch ends (never a mid-epoch point) whose epoch they name. The run must still hold every point named;
 :func:`select` says which entries those are, which are gone, or why the run has too few.
 :func:`keep_holds` answers the setup question for ``restore_best=Average(...)``: will a
 keep still hold, at the end of training, everything the selector will name?
@@ -49,7 +50,9 @@ def history(points: Sequence[Point], entries: Sequence[ManifestEntry]) -> list[P
     if points:
         return list(points)
     return [
-        Point(epoch=e.epoch, step=e.step, score=e.score, metric=e.metric, mode=e.mode)
+        Point(
+            epoch=e.epoch, batch=e.batch, step=e.step, score=e.score, metric=e.metric, mode=e.mode
+        )
         for e in entries
     ]
 
@@ -74,12 +77,12 @@ def name_points(sel: Selector, points: Sequence[Point], pair: Pair) -> tuple[lis
             return list(points), f"{sel} needs {sel.k} points and the run passed {len(points)}"
         return list(points[-sel.k :]), ""
     if isinstance(sel, Every):
-        named = [p for p in points if p.epoch % sel.n == 0]
+        named = [p for p in points if p.batch is None and p.epoch % sel.n == 0]
         short = "" if named else f"{sel} names no epoch the run reached (it ended at epoch {last})"
         return named, short
     if isinstance(sel, Epochs):
         beyond = [e for e in sel.epochs if e > last]
-        named = [p for p in points if p.epoch in sel]  # arithmetic for a range
+        named = [p for p in points if p.batch is None and p.epoch in sel]  # a range: arithmetic
         short = (
             f"{sel} names epochs the run never reached ({_epochs(beyond)}; it ended at epoch "
             f"{last})"
@@ -102,10 +105,15 @@ def name_points(sel: Selector, points: Sequence[Point], pair: Pair) -> tuple[lis
     return [p for p in scored if id(p) in best], ""
 
 
-def keep_holds(keep: Sequence[Selector], sel: Selector, last_epoch: int) -> bool:
+def keep_holds(
+    keep: Sequence[Selector], sel: Selector, last_epoch: int, mid_epoch: bool = False
+) -> bool:
     """Whether ``keep`` still holds, after epoch ``last_epoch``, every point ``sel`` will name
     for any scores the run may see. Epochs past ``last_epoch`` are the end-of-training
-    warning's business, not a refusal."""
+    warning's business, not a refusal. With ``mid_epoch`` (``every_steps`` set) an epoch
+    holds several points, so ``Last(k)`` holds the last ``k`` points, not epochs."""
+    if mid_epoch:
+        return _holds_points(keep, sel, last_epoch)
     everything = range(1, last_epoch + 1)
     if isinstance(sel, Best):
         if sel.among is not None:
@@ -142,6 +150,21 @@ def _holds_epochs(keep: Sequence[Selector], epochs: Sequence[int], last_epoch: i
     return all(kept(e) for e in epochs)
 
 
+def _holds_points(keep: Sequence[Selector], sel: Selector, last_epoch: int) -> bool:
+    """``keep_holds`` when epochs hold mid-epoch points: ``Last(k)`` holds the last ``k``
+    points (a ``Last`` of at most ``k``), never given epochs; the epoch ends an ``Every`` or
+    ``Epochs`` names are held by the keep's ``Every``/``Epochs``; a ``Best`` by a ``Best`` as
+    large, or (with ``among``) wherever its ``among`` is held."""
+    if isinstance(sel, Last):
+        return any(isinstance(s, Last) and s.k >= sel.k for s in keep)
+    if isinstance(sel, Every | Epochs):
+        by_epoch = [s for s in keep if not isinstance(s, Last)]
+        return _holds_epochs(by_epoch, _epochs_named(sel, last_epoch), last_epoch)
+    if sel.among is not None:
+        return _holds_points(keep, sel.among, last_epoch)
+    return any(isinstance(s, Best) and s.k >= sel.k for s in keep)
+
+
 def keep_for(sel: Selector) -> str:
     if isinstance(sel, Best):
         return str(sel.among) if sel.among is not None else f"Best({sel.k})"
@@ -152,7 +175,8 @@ def check_keep_holds(ckpt: Checkpointer | None, avg: Average, max_epochs: int) -
     """Setup refusal for ``restore_best=Average(...)``: refuse only a keep that cannot hold,
     at the end of a ``max_epochs`` run, everything the selector will name."""
     keep = ckpt.keep if ckpt is not None else ()
-    if not keep_holds(keep, avg.selector, max_epochs):
+    mid_epoch = ckpt is not None and ckpt.every_steps is not None
+    if not keep_holds(keep, avg.selector, max_epochs, mid_epoch):
         current = ", ".join(map(str, keep))
         raise ConfigError(
             f"restore_best={avg} needs records that keep=({current}) does not hold at the end of "

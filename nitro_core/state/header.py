@@ -30,7 +30,21 @@ class RecordHeader(BaseModel):
     format_version: int
     framework_version: str
     step: int
-    epoch: int
+    epoch: int = Field(description="The epoch the record ends, or is in (mid-epoch).")
+    batch: int | None = Field(
+        default=None, description="Batches of the epoch consumed (mid-epoch); null at its end."
+    )
+    position: dict[str, Any] | None = Field(
+        default=None,
+        description="Where a mid-epoch record's epoch stands: batch, loss_sum and loss_dtype "
+        "(the epoch's summed training loss so far), epoch_rng (Python and NumPy generators "
+        "at the epoch's start; torch's are tensors under rng/epoch/). Null at an epoch end.",
+    )
+    data: Any = Field(
+        default=None,
+        description="The train split's state_dict() at a mid-epoch record, when it has one "
+        "(tree-encoded; tensors under rng/data/).",
+    )
     seed: int
     run: str
     parent: str | None
@@ -60,6 +74,14 @@ class RecordHeader(BaseModel):
     optimizer_class: str
     scheduler: Any = None
     plateau: Any = None
+    scaler: Any = Field(
+        default=None, description="The GradScaler's state (16-mixed precision), tree-encoded."
+    )
+    training_step: dict[str, Any] | None = Field(
+        default=None,
+        description="The step the record was trained with: precision, accumulate_grad_batches, "
+        "gradient_clip_val, compile (a resume refuses a changed precision or accumulation).",
+    )
     tensor_digest: str | None = Field(
         default=None,
         pattern=r"^sha256-8MiB-blocks:[0-9a-f]{64}$",

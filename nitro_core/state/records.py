@@ -13,7 +13,7 @@ strings, are tagged so they come back as they went in. Nothing is pickled.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,33 +31,47 @@ def framework_version() -> str:
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
-    """``t`` detached and on the host. A host tensor is not copied (records are written
-    synchronously, before the next step changes it); a ``meta`` leaf has no data to copy and
-    is passed through so the writer refuses it by name."""
+    """``t`` detached and on the host. A host tensor is not copied (a synchronous write ends
+    before the next step changes it; an asynchronous one copies every leaf into its own host
+    buffers through :func:`encode`'s ``leaf``); a ``meta`` leaf has no data to copy and is
+    passed through so the writer refuses it by name."""
     t = t.detach()
     if t.device.type in ("cpu", "meta"):
         return t
     return t.cpu()
 
 
+Leaf = Callable[[str, torch.Tensor], torch.Tensor]  # (record name, live tensor) -> host tensor
+
+
+def host_leaf(name: str, t: torch.Tensor) -> torch.Tensor:
+    """The default :data:`Leaf`: :func:`to_host`."""
+    return to_host(t)
+
+
 # -- the tree codec --------------------------------------------------------------------------
-def encode_tree(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """JSON for ``obj``, moving its tensors into ``tensors`` under ``prefix``."""
+def encode_tree(
+    obj: Any, prefix: str, tensors: dict[str, torch.Tensor], leaf: Leaf = host_leaf
+) -> Any:
+    """JSON for ``obj``, moving its tensors (through ``leaf``) into ``tensors`` under
+    ``prefix``."""
     if isinstance(obj, torch.Tensor):
-        tensors[prefix] = to_host(obj)
+        tensors[prefix] = leaf(prefix, obj)
         return {"__tensor__": prefix}
     if obj is None or isinstance(obj, bool | int | float | str):
         return obj
     if isinstance(obj, tuple):
-        return {"__tuple__": [encode_tree(v, f"{prefix}/{i}", tensors) for i, v in enumerate(obj)]}
+        return {
+            "__tuple__": [encode_tree(v, f"{prefix}/{i}", tensors, leaf) for i, v in enumerate(obj)]
+        }
     if isinstance(obj, list):
-        return [encode_tree(v, f"{prefix}/{i}", tensors) for i, v in enumerate(obj)]
+        return [encode_tree(v, f"{prefix}/{i}", tensors, leaf) for i, v in enumerate(obj)]
     if isinstance(obj, Mapping):
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
-            return {k: encode_tree(v, f"{prefix}/{k}", tensors) for k, v in obj.items()}
+            return {k: encode_tree(v, f"{prefix}/{k}", tensors, leaf) for k, v in obj.items()}
         return {
             "__items__": [
-                [encode_tree(k, "", {}), encode_tree(v, f"{prefix}/{k}", tensors)]
+                [encode_tree(k, "", {}), encode_tree(v, f"{prefix}/{k}", tensors, leaf)]
                 for k, v in obj.items()
             ]
         }
@@ -112,11 +126,14 @@ def model_tensors(
     layout: Mapping[str, Any],
     prefix_params: str = "params/",
     prefix_buffers: str = "buffers/",
+    leaf: Leaf = host_leaf,
 ) -> dict[str, torch.Tensor]:
     """The model's state as host tensors under the params/ and buffers/ prefixes."""
     state = model.state_dict()
-    out = {f"{prefix_params}{k}": to_host(state[k]) for k, _, _ in layout["params"]}
-    out.update({f"{prefix_buffers}{k}": to_host(state[k]) for k, _, _ in layout["buffers"]})
+    out = {}
+    for prefix, kind in ((prefix_params, "params"), (prefix_buffers, "buffers")):
+        for k, _, _ in layout[kind]:
+            out[f"{prefix}{k}"] = leaf(f"{prefix}{k}", state[k])
     return out
 
 
@@ -162,24 +179,33 @@ class Snapshot:
     rng_tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
-TREE_PREFIXES = {"optimizer": "optim", "scheduler": "optim/scheduler", "plateau": "optim/plateau"}
+TREE_PREFIXES = {
+    "optimizer": "optim",
+    "scheduler": "optim/scheduler",
+    "plateau": "optim/plateau",
+    "data": "rng/data",  # the train split's state_dict() at a mid-epoch record
+}
 
 
-def encode(snap: Snapshot) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(tensors, header) for a snapshot; every tensor a host tensor."""
+def encode(
+    snap: Snapshot, leaf: Leaf = host_leaf
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors, header) for a snapshot; every tensor a host tensor, made by ``leaf`` (the
+    asynchronous writer's copies the live tensors into host buffers it owns)."""
     layout = model_layout(snap.model, snap.optimizer)
-    tensors = model_tensors(snap.model, layout)
+    tensors = model_tensors(snap.model, layout, leaf=leaf)
     meta = dict(snap.header)
     meta["format_version"] = FORMAT_VERSION
     meta["framework_version"] = framework_version()
     meta["layout"] = layout
-    meta["optimizer"] = encode_tree(snap.optimizer.state_dict(), "optim", tensors)
+    meta["optimizer"] = encode_tree(snap.optimizer.state_dict(), "optim", tensors, leaf)
     meta["optimizer_class"] = type(snap.optimizer).__name__
     for section, state in snap.trees.items():
-        meta[section] = encode_tree(state, TREE_PREFIXES.get(section, f"optim/{section}"), tensors)
+        prefix = TREE_PREFIXES.get(section, f"optim/{section}")
+        meta[section] = encode_tree(state, prefix, tensors, leaf)
     if snap.ema is not None:
-        tensors.update({f"ema/{k}": to_host(v) for k, v in snap.ema.items()})
-    tensors.update({f"rng/{k}": to_host(v) for k, v in snap.rng_tensors.items()})
+        tensors.update({f"ema/{k}": leaf(f"ema/{k}", v) for k, v in snap.ema.items()})
+    tensors.update({f"rng/{k}": leaf(f"rng/{k}", v) for k, v in snap.rng_tensors.items()})
     return tensors, meta
 
 
@@ -214,5 +240,7 @@ class Record:
         value = self.meta.get(section)
         return None if value is None else decode_tree(value, self.tensors)
 
-    def rng_tensors(self) -> dict[str, torch.Tensor]:
-        return {k.removeprefix("rng/"): v for k, v in self.tensors.items() if k.startswith("rng/")}
+    def rng_tensors(self, under: str = "rng/") -> dict[str, torch.Tensor]:
+        """The tensors under ``under``, by the rest of their names (``"rng/epoch/"``: the
+        generators at the start of a mid-epoch record's epoch)."""
+        return {k.removeprefix(under): v for k, v in self.tensors.items() if k.startswith(under)}

@@ -22,9 +22,11 @@ from typing import Any
 from nitro_core.errors import ConfigError
 from nitro_core.store import safeio
 from nitro_core.store.safeio import (
+    close_lock,
     flocked,
     fsync_dir,
     is_disk_full,
+    keep_lock_from_children,
     no_room,
     open_nofollow,
     require_room,
@@ -61,7 +63,7 @@ class Reservation:
 
     def release(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)  # closing drops the flock
+            close_lock(self.fd)  # closing drops the flock
             self.fd = -1
 
 
@@ -80,6 +82,7 @@ def reserve(path: Path) -> Reservation | None:
     reclaimed = reclaim_stale(path.parent)
     moved = [set_aside(p, ".stale") for p in leftovers]
     fd = open_nofollow(tmp_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    keep_lock_from_children(fd)
     fcntl.flock(fd, fcntl.LOCK_EX)  # blocking: only an in_flight() probe can hold it, briefly
     return Reservation(path=path, fd=fd, set_aside=moved, reclaimed=reclaimed)
 
@@ -231,12 +234,17 @@ def manifest_lock(directory: Path) -> Iterator[None]:
         yield
 
 
+def run_lock_path(directory: Path, run: str) -> Path:
+    """The run's training lock file, ``.run-<id>.lock``."""
+    return directory / f".run-{run}.lock"
+
+
 @contextmanager
 def run_lock(directory: Path, run: str) -> Iterator[bool]:
     """Hold the run's training lock (``.run-<id>.lock``) for the block; yields False, holding
     nothing, when another live process holds it."""
     directory.mkdir(parents=True, exist_ok=True)
-    with flocked(directory / f".run-{run}.lock", blocking=False) as mine:
+    with flocked(run_lock_path(directory, run), blocking=False) as mine:
         yield mine
 
 

@@ -38,7 +38,13 @@ class ManifestEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     file: str = Field(description="Record file name, relative to the run directory.")
-    epoch: int = Field(ge=0)
+    epoch: int = Field(ge=0, description="The epoch the record ends, or is in (mid-epoch).")
+    batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="Batches of the epoch consumed at a mid-epoch record "
+        "(Checkpointer(every_steps=N)); null at an epoch end.",
+    )
     step: int = Field(ge=0)
     score: Score = Field(description="The monitored metric at this epoch, if validated.")
     metric: str | None = Field(description="Name of the ranked metric, e.g. 'loss' or 'acc'.")
@@ -69,12 +75,14 @@ class ManifestEntry(BaseModel):
 
 
 class Point(BaseModel):
-    """One checkpoint point a run passed (an epoch end), written or not: what ``Last(k)`` and
-    ``Best(k)`` mean when a run is averaged ("the last k points", "the best k ever scored")."""
+    """One checkpoint point a run passed (an epoch end, or with ``every_steps`` a step inside
+    an epoch: ``batch`` set), written or not: what ``Last(k)`` and ``Best(k)`` mean when a run
+    is averaged ("the last k points", "the best k ever scored")."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     epoch: int = Field(ge=0)
+    batch: int | None = Field(default=None, ge=1)
     step: int = Field(ge=0)
     score: Score = None
     metric: str | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,12 +63,46 @@ def confined_dir(base: Path, sub: Path) -> Path:
     return sub
 
 
+# Lock fds this process holds. An flock belongs to the open file, which a forked child (a
+# DataLoader worker started while a run trains) shares: its copies would keep the run's
+# locks held after this process died. A child closes them at once (os.register_at_fork),
+# which leaves this process's locks as they are. Process-wide by nature, hence module state.
+_LOCK_FDS: set[int] = set()
+
+
+@functools.cache
+def _close_locks_in_children() -> None:
+    os.register_at_fork(after_in_child=_close_lock_fds)
+
+
+def _close_lock_fds() -> None:
+    for fd in list(_LOCK_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCK_FDS.clear()
+
+
+def keep_lock_from_children(fd: int) -> None:
+    """Have forked children close ``fd``, a lock this process holds, as they start."""
+    _close_locks_in_children()
+    _LOCK_FDS.add(fd)
+
+
+def close_lock(fd: int) -> None:
+    """Close a lock fd (dropping its lock)."""
+    _LOCK_FDS.discard(fd)
+    os.close(fd)
+
+
 @contextmanager
 def flocked(path: Path, blocking: bool = True, where: str = RUN_DIR) -> Iterator[bool]:
     """Hold an exclusive ``flock`` on the lock file ``path`` (created, never truncated, never
     followed through a link) for the block. Yields False, holding nothing, when
     ``blocking`` is False and another open file holds it."""
     fd = open_nofollow(path, os.O_CREAT | os.O_RDWR, where=where)
+    keep_lock_from_children(fd)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -76,7 +111,7 @@ def flocked(path: Path, blocking: bool = True, where: str = RUN_DIR) -> Iterator
             return
         yield True
     finally:
-        os.close(fd)  # also drops the lock
+        close_lock(fd)  # also drops the lock
 
 
 def fsync_dir(directory: Path) -> None:

@@ -6,20 +6,34 @@ decide (from the manifest) -> write the record (tmp, fsync, rename) -> under the
 add its entry and drop evicted entries from the manifest -> delete the evicted files.
 A crash before the manifest commit leaves an unlisted file that counts for nothing; a
 crash after it leaves a deleted entry's file on disk, also unlisted.
+
+With ``Checkpointer(async_write=True)`` (the default) the training thread only decides,
+claims the file name and copies the state into host buffers
+(:class:`~nitro_core.state.hostcopy.HostCopier`); the write, the manifest commit and the
+retention run on one background thread. At most one write is in flight: the next point
+waits for it (saying so in the log), and its error, if it failed, is raised there or by
+:meth:`CheckpointWriter.drain` at the end of ``train()``, the same error a synchronous
+write raises. The manifest lists a record only once it is durable, as before.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from nitro_core.errors import NitroWarning, TrainingRefused
 from nitro_core.policy import retention
 from nitro_core.policy.retention import Pair
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.state import records
+from nitro_core.state.hostcopy import HostCopier
 from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry, StopReason
@@ -31,10 +45,17 @@ _PLACEHOLDER_SHA = "0" * 64
 
 
 def record_name(
-    epoch: int, step: int, score: float | None, metric: str | None, prefix: str | None
+    epoch: int,
+    step: int,
+    score: float | None,
+    metric: str | None,
+    prefix: str | None,
+    batch: int | None = None,
 ) -> str:
-    """``epoch-0006-step-4500-loss=0.0416831.safetensors``."""
-    name = f"epoch-{epoch:04d}-step-{step}"
+    """``epoch-0006-step-4500-loss=0.0416831.safetensors``; a mid-epoch record's says its
+    batch: ``epoch-0003-batch-0250-step-4500-loss=0.0416831.safetensors``."""
+    name = f"epoch-{epoch:04d}" + (f"-batch-{batch:04d}" if batch is not None else "")
+    name += f"-step-{step}"
     if score is not None and metric is not None:
         name += f"-{metric}={score:.6g}"
     return (f"{prefix}-" if prefix else "") + name + SUFFIX
@@ -51,6 +72,10 @@ class CheckpointWriter:
         self.run = run
         self.pair = pair
         self.parent = parent
+        self._copier = HostCopier() if ckpt.async_write else None
+        self._thread: ThreadPoolExecutor | None = None
+        self._pending: Future[Any] | None = None
+        self._pending_what = ""
 
     def save(
         self,
@@ -59,25 +84,28 @@ class CheckpointWriter:
         score: float | None,
         stop_reason: StopReason | None,
         snapshot: Callable[[], records.Snapshot],
+        batch: int | None = None,
     ) -> ManifestEntry | None:
-        """Write the epoch's record if some selector keeps it; returns its entry, or None."""
+        """Offer the point's record: write it if some selector keeps it. Returns its
+        committed entry (None when nothing was kept, and always under ``async_write``: the
+        write is then still in flight, and :meth:`wait` raises its error)."""
+        where = f"epoch {epoch}" + (f" batch {batch}" if batch is not None else "")
+        self.wait(f"The checkpoint point at {where} (step {step})")
         self.directory.mkdir(parents=True, exist_ok=True)
         entries = manifest.read_manifest(self.directory)
         metric, mode = self.pair
         entry = ManifestEntry(
-            file=record_name(epoch, step, score, metric, self.ckpt.name), epoch=epoch, step=step,
-            score=score, metric=metric, mode=mode, stop_reason=stop_reason, run=self.run,
-            parent=self.parent, written=manifest.now_iso(), keep=str(self.ckpt), bytes=0,
-            sha256=_PLACEHOLDER_SHA,
+            file=record_name(epoch, step, score, metric, self.ckpt.name, batch), epoch=epoch,
+            batch=batch, step=step, score=score, metric=metric, mode=mode,
+            stop_reason=stop_reason, run=self.run, parent=self.parent,
+            written=manifest.now_iso(), keep=str(self.ckpt), bytes=0, sha256=_PLACEHOLDER_SHA,
         )  # fmt: skip
-        point = manifest.Point(epoch=epoch, step=step, score=score, metric=metric, mode=mode)
+        point = manifest.Point(
+            epoch=epoch, batch=batch, step=step, score=score, metric=metric, mode=mode
+        )
         if not retention.would_keep(entries, entry, self.ckpt, self.run, self.pair):
-            log.debug("epoch %d not written: no selector of %s keeps it", epoch, self.ckpt)
-            with store.manifest_lock(self.directory):  # the point still counts for Last/Best
-                current = manifest.load(self.directory)
-                current.add_point(self.run, point)
-                manifest.save(self.directory, current)
-            return None
+            log.debug("%s not written: no selector of %s keeps it", where, self.ckpt)
+            return self._run(f"the point at {where}", self._add_point, point)
         with store.manifest_lock(self.directory):
             reservation = self._reserve(entry.file, manifest.read_manifest(self.directory))
         try:
@@ -96,7 +124,71 @@ class CheckpointWriter:
                     stacklevel=4,
                 )
             entry = entry.model_copy(update={"file": reservation.path.name})
-            tensors, meta = records.encode(snapshot())
+            if self._copier is None:
+                tensors, meta = records.encode(snapshot())
+            else:  # the training thread waits for the host copy only
+                tensors, meta = records.encode(snapshot(), leaf=self._copier)
+                self._copier.finish()
+                meta = json.loads(json.dumps(meta))  # no list the next point appends to
+        except BaseException:
+            store.remove_file(store.tmp_path(reservation.path))  # no partial file outlives it
+            reservation.release()
+            raise
+        return self._run(repr(entry.file), self._commit, reservation, entry, point, tensors, meta)
+
+    def _run(self, what: str, job: Callable[..., Any], *args: Any) -> Any:
+        """Run ``job`` here (synchronous writes) or on the writer thread."""
+        if self._copier is None:
+            return job(*args)
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nitro-writer")
+        self._pending, self._pending_what = self._thread.submit(job, *args), what
+        return None
+
+    def wait(self, who: str = "") -> None:
+        """Block until the write in flight, if any, is committed; raise its error if it
+        failed. ``who`` names the waiter in the log line saying it waits."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        if not pending.done() and who:
+            log.info("%s waits for the write of %s, still in flight", who, self._pending_what)
+        pending.result()
+
+    def drain(self, raise_error: bool = True) -> None:
+        """Wait for the last write, stop the writer thread and free the host buffers
+        (``train()`` returns only after this). With ``raise_error=False`` (``train()`` is
+        raising already) a failed write is logged instead of raised."""
+        try:
+            self.wait("The end of train()")
+        except Exception:
+            if raise_error:
+                raise
+            log.exception("the checkpoint write in flight when training stopped failed")
+        finally:
+            if self._thread is not None:
+                self._thread.shutdown(wait=True)
+                self._thread = None
+            if self._copier is not None:  # a finished run holds no copy of its state
+                self._copier = HostCopier()
+
+    def _add_point(self, point: manifest.Point) -> None:
+        """Record a point no selector keeps: it still counts for Last/Best."""
+        with store.manifest_lock(self.directory):
+            current = manifest.load(self.directory)
+            current.add_point(self.run, point)
+            manifest.save(self.directory, current)
+
+    def _commit(
+        self,
+        reservation: store.Reservation,
+        entry: ManifestEntry,
+        point: manifest.Point,
+        tensors: dict[str, torch.Tensor],
+        meta: dict[str, Any],
+    ) -> ManifestEntry | None:
+        """Write the record, list it, apply retention; the reservation is released after."""
+        try:
             size, sha = store.write_record(reservation, tensors, meta)
         except BaseException:
             store.remove_file(

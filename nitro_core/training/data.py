@@ -2,11 +2,17 @@
 
 Shuffling draws from torch's global generator, so a resumed run, whose generator state is
 restored from its record, draws the same order the uninterrupted run would have.
+
+``TensorBatches`` also speaks the protocol of torchdata's ``StatefulDataLoader``:
+``state_dict()`` says where the pass in progress stands (the generator state its order was
+drawn from, and the batches yielded) and ``load_state_dict()`` makes the next pass continue
+from there, so a mid-epoch resume costs O(1) instead of a replay of the epoch's batches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 
@@ -33,15 +39,53 @@ class TensorBatches:
         self.n = sizes.pop()
         self.batch_size = batch_size
         self.shuffle = shuffle
+        self._order_rng: torch.Tensor | None = None  # the pass in progress drew its order here
+        self._yielded = 0  # batches the pass in progress has yielded
+        self._resume: tuple[int, torch.Tensor | None] | None = None  # set by load_state_dict
 
     def __len__(self) -> int:
         return -(-self.n // self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        order = torch.randperm(self.n) if self.shuffle else None
-        for start in range(0, self.n, self.batch_size):
+        start, rng_state = self._resume if self._resume is not None else (0, None)
+        self._resume = None
+        order = None
+        if self.shuffle and rng_state is not None:  # continue a recorded pass: its own order
+            generator = torch.Generator()
+            generator.set_state(rng_state)
+            order = torch.randperm(self.n, generator=generator)
+        elif self.shuffle:  # a new pass: draw the order from the global generator
+            rng_state = torch.get_rng_state()
+            order = torch.randperm(self.n)
+        self._order_rng, self._yielded = rng_state, start
+        for first in range(start * self.batch_size, self.n, self.batch_size):
             if order is None:
-                yield {k: t[start : start + self.batch_size] for k, t in self.tensors.items()}
+                batch = {k: t[first : first + self.batch_size] for k, t in self.tensors.items()}
             else:
-                idx = order[start : start + self.batch_size]
-                yield {k: t[idx] for k, t in self.tensors.items()}
+                idx = order[first : first + self.batch_size]
+                batch = {k: t[idx] for k, t in self.tensors.items()}
+            self._yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the pass in progress stands: ``{"yielded": batches, "order_rng": the CPU
+        generator state its order was drawn from (None unshuffled)}``."""
+        return {"yielded": self._yielded, "order_rng": self._order_rng}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next pass continue the recorded one after its ``yielded`` batches (a
+        pass that had ended starts afresh)."""
+        yielded = state.get("yielded")
+        if isinstance(yielded, bool) or not isinstance(yielded, int) or yielded < 0:
+            raise ConfigError(
+                f"TensorBatches.load_state_dict: 'yielded' is {yielded!r}; give the state_dict() "
+                "of a TensorBatches, e.g. {'yielded': 3, 'order_rng': None}."
+            )
+        rng_state = state.get("order_rng")
+        if self.shuffle and rng_state is None and yielded:
+            raise ConfigError(
+                "TensorBatches.load_state_dict: the state has no 'order_rng', but these batches "
+                "are shuffled; give the state_dict() of a TensorBatches with shuffle=True."
+            )
+        done = yielded >= len(self)
+        self._resume = None if done else (yielded, rng_state if self.shuffle else None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from nitro_core.errors import ConfigError, NitroWarning, TrainingRefused
 from nitro_core.experiment import Experiment, check_required_hooks, config_of, host_fields
 from nitro_core.policy.selectors import Checkpointer
+from nitro_core.sources.grammar import Average, Pair
 from nitro_core.state import records, rng
 from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMA, EMATracker
@@ -28,11 +28,15 @@ from nitro_core.store import recordio as store
 from nitro_core.store.manifest import StopReason
 from nitro_core.training import ranking, setup
 from nitro_core.training.checkpointing import CheckpointWriter
-from nitro_core.training.loop import StepHooks, evaluate, train_epoch
+from nitro_core.training.loggers import choose_logger
+from nitro_core.training.loop import StepHooks, evaluate
 from nitro_core.training.options import check_options
-from nitro_core.training.progress import Progress
+from nitro_core.training.points import next_epoch, run_epoch
+from nitro_core.training.position import Position
+from nitro_core.training.progress import Listener, Progress
 from nitro_core.training.restore import BestRestorer, load_weights, restore_full
 from nitro_core.training.resume import ResumePoint, latest_point, resume_from_source
+from nitro_core.training.step import Stepper, autocast, split_compiled, step_settings
 from nitro_core.training.stopping import EarlyStopper, EarlyStopping, Plateau
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,12 @@ class Nitro:
     schedule; ``load_ema=True`` loads its EMA copy; ``strict=False`` loads by name).
     ``restore_best``: ``True`` ends ``train()`` holding the run's own best checkpoint, an
     ``Average(...)`` its average. ``seed`` defaults to 0; a resume restores the recorded seed.
+    ``n.epoch`` is the epoch of the last checkpoint point and ``n.batch`` the batches of it
+    consumed when that point was inside the epoch (``Checkpointer(every_steps=N)``), else
+    None; a resume from a mid-epoch record continues that epoch at its next batch.
+    ``logger``: ``"jsonl"``, ``"tensorboard"`` or a logger instance, used instead of the
+    experiment's ``logger()`` hook (None, the default, calls the hook); a resume needs the
+    backend its record was written with.
     """
 
     def __init__(
@@ -63,6 +73,7 @@ class Nitro:
         load_ema: bool = False,
         strict: bool = True,
         device: str | torch.device = "auto",
+        logger: Any = None,
     ) -> None:
         if not isinstance(experiment, Experiment):
             raise ConfigError(
@@ -80,6 +91,7 @@ class Nitro:
         self.checkpointer: Checkpointer | None = ckpt
         self.run_dir = setup.resolve_run_dir(run_dir, ckpt, name)
         self.device = setup.resolve_device(device)
+        self.step_settings = step_settings(experiment, self.device)
         self.options = check_options(
             resume, weights, restore_optimizer, restore_best, load_ema, strict
         )
@@ -91,6 +103,7 @@ class Nitro:
         if point is not None:
             point.check_resumable()
             point.check_config(experiment)
+            point.check_step(experiment, self.step_settings)
             if seed is not None and seed != point.seed:
                 warnings.warn(
                     f"seed={seed} ignored: resuming {point.file!r} restores its recorded seed "
@@ -118,10 +131,22 @@ class Nitro:
         # build everything from the seed
         rng.seed_everything(self.seed)
         self.data = setup.build_splits(experiment)
-        self.model = experiment.build_model().to(self.device)
+        # records go through the uncompiled module; forward passes through the compiled one
+        self.model, self._forward_model = split_compiled(
+            experiment.build_model().to(self.device), self.step_settings.compile
+        )
         self.optimizer = experiment.build_optimizer(self.model)
+        self.stepper = (
+            None
+            if self.step_settings.plain
+            else Stepper(self.step_settings, self.optimizer, self.device)
+        )
         train = self.data["train"]
-        steps = experiment.max_epochs * len(train) if hasattr(train, "__len__") else None
+        steps = (
+            experiment.max_epochs * self.step_settings.steps_per_epoch(len(train))
+            if hasattr(train, "__len__")
+            else None
+        )
         self.scheduler = experiment.lr_scheduler(self.optimizer, steps)
         ema = experiment.ema()
         setup.check_kind(name, "ema", ema, EMA)
@@ -137,9 +162,11 @@ class Nitro:
         mode = self.ranking.monitor[1] if self.ranking.monitor else "min"
         self.early_stopper = EarlyStopper(early, mode) if early is not None else None
         self.plateau = plateau.build(self.optimizer, mode) if plateau is not None else None
-        self.logger = experiment.logger()
+        self.logger = choose_logger(experiment, logger)
         self.step = 0
         self.epoch = 0
+        self.batch: int | None = None  # batches of `epoch` consumed, at a mid-epoch point
+        self._position: Position | None = None  # a mid-epoch record's, until train() starts
         self.history: list[dict[str, Any]] = []
         self.stop_reason: StopReason | None = None
         self._stop = threading.Event()
@@ -155,6 +182,7 @@ class Nitro:
         else:
             if self.options.weights is not None:
                 load_weights(self, self.options.weights, entries)
+                self.parent = _weights_parent(self.options.weights, self)
             self._start_rng = rng.capture()
         # the handle touches none of the run's files until train() holds the run
         self.logger.open(
@@ -182,13 +210,22 @@ class Nitro:
         return resume_from_source(resume, self.run_dir, entries)
 
     # -- training -------------------------------------------------------------------------
-    def train(self, on_epoch: Callable[[dict[str, Any]], None] | None = None) -> Nitro:
+    def train(
+        self,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None,
+        on_progress: Listener | None = None,
+    ) -> Nitro:
         """Train to ``max_epochs`` (or an early stop, or a requested stop); returns self.
 
-        ``on_epoch(row)`` is called after each epoch has been validated, logged and
-        checkpointed, with its history row."""
+        ``on_epoch(row)`` is called after each checkpoint point (each epoch end and, with
+        ``Checkpointer(every_steps=N)``, each mid-epoch point, whose row has ``batch``) has
+        been validated, logged and checkpointed (an asynchronous write queued), with its
+        history row; ``on_progress(snapshot)`` about every two
+        seconds while an epoch trains (:class:`~nitro_core.training.progress.Snapshot`)."""
         self._best.refuse_training()
+        self._progress.listener = on_progress
         hooks = StepHooks(self.scheduler, self.ema, self.anchor, self._progress)
+        hooks.stepper = self.stepper
         with store.run_lock(self.run_dir, self.run_id) as mine:
             if not mine:
                 raise TrainingRefused(
@@ -198,18 +235,25 @@ class Nitro:
                     "another run_dir)."
                 )
             self._refuse_stale_point()
-            if self._start_rng is not None:  # the first train() starts where setup left off
+            # the first train() starts where setup left off (a mid-epoch resume: once the
+            # train split is positioned)
+            if self._start_rng is not None and self._position is None:
                 rng.restore(*self._start_rng)
                 self._start_rng = None
             self._stop.clear()
             previous = setup.install_sigint(self.request_stop)
             try:
-                while self.epoch < self.experiment.max_epochs:
-                    row = self._epoch(hooks)
-                    if on_epoch is not None:
-                        on_epoch(row)
+                while next_epoch(self) <= self.experiment.max_epochs:
+                    run_epoch(self, hooks, on_epoch)
                     if self.stop_reason is not None:
                         break
+            except BaseException:
+                if self._writer is not None:  # the write in flight still commits
+                    self._writer.drain(raise_error=False)
+                raise
+            else:  # returns only once the last record is committed, or raises its error
+                if self._writer is not None:
+                    self._writer.drain()
             finally:
                 setup.restore_sigint(previous)
                 self.logger.close()  # reopened on the next row, if this handle trains again
@@ -235,45 +279,6 @@ class Nitro:
                 f"resume='{self.run_id} => latest')."
             )
 
-    def _epoch(self, hooks: StepHooks) -> dict[str, Any]:
-        """One epoch: train, validate, decide whether to stop, log, checkpoint."""
-        exp = self.experiment
-        epoch = self.epoch + 1
-        started = time.monotonic()
-        # optimizer steps over the train split
-        train_loss, self.step = train_epoch(
-            exp,
-            self.model,
-            self.optimizer,
-            self.data["train"],
-            self.device,
-            hooks,
-            epoch,
-            self.step,
-        )
-        self.epoch = epoch
-        # validate, then check what is watched (a missing or NaN monitor raises here)
-        metrics = self._evaluate_split("val") if self.ranking.has_val else {}
-        if metrics:
-            ranking.check_metrics(type(exp).__name__, metrics, self.ranking, epoch)
-        self.stop_reason = self._decide_stop(metrics)
-        # log, then checkpoint (the record holds the logger's offset after this row)
-        row = {
-            "epoch": epoch,
-            "step": self.step,
-            "train_loss": train_loss,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "val": metrics,
-            "seconds": round(time.monotonic() - started, 4),
-        }
-        self.history.append(row)
-        self.logger.log({"run": self.run_id, **row})
-        if self._writer is not None:
-            score = metrics.get(self.ranking.pair[0]) if self.ranking.pair[0] else None
-            self._writer.save(epoch, self.step, score, self.stop_reason, self._snapshot)
-        self._progress.epoch_end(setup.summary(row))
-        return row
-
     def close(self) -> None:
         """Release the logger's file (``train()`` does this when it returns)."""
         self.logger.close()
@@ -297,12 +302,13 @@ class Nitro:
             return "early_stop"
         if self._stop.is_set():
             return "requested"
-        if self.epoch >= self.experiment.max_epochs:
+        if self.batch is None and self.epoch >= self.experiment.max_epochs:
             return "completed"
         return None
 
     def request_stop(self) -> None:
-        """Stop after the current epoch has finished, validated and checkpointed."""
+        """Stop at the next checkpoint point (the epoch's end, or with ``every_steps`` the
+        next mid-epoch point), once it has been validated and checkpointed."""
         self._stop.set()
 
     # -- evaluation -----------------------------------------------------------------------
@@ -321,9 +327,10 @@ class Nitro:
                 f"{', '.join(sorted(self.data))}. Return {split!r} from build_data() or evaluate "
                 "one of those."
             )
-        with rng.isolated():  # evaluation never moves the training trajectory
+        # evaluation never moves the training trajectory; it runs in the training's precision
+        with rng.isolated(), autocast(self.step_settings, self.device):
             return evaluate(
-                self.experiment, self.model, self.data[split], self.device, split,
+                self.experiment, self._forward_model, self.data[split], self.device, split,
                 self.ranking.custom_metrics, self.ranking.with_loss,
                 self.experiment.finalize_metrics,
             )  # fmt: skip
@@ -354,6 +361,7 @@ class Nitro:
             if self.ema
             else None,
             "decay_anchor": exp.decay_anchor(),
+            "training_step": self.step_settings.header(),
             "w0_checksum": self.anchor.checksum if self.anchor else None,
             "loaded_from": str(self.checkpoint_source) if self.checkpoint_source else None,
             "averaged_from": self.averaged_from,
@@ -368,6 +376,8 @@ class Nitro:
             trees["scheduler"] = self.scheduler.state_dict()
         if self.plateau is not None:
             trees["plateau"] = self.plateau.state_dict()
+        if self.stepper is not None and self.stepper.scaler is not None:
+            trees["scaler"] = self.stepper.scaler.state_dict()
         return records.Snapshot(
             header=header,
             model=self.model,
@@ -382,6 +392,17 @@ class Nitro:
             f"Nitro({type(self.experiment).__name__}, run_dir={str(self.run_dir)!r}, "
             f"run_id={self.run_id!r}, epoch={self.epoch}, step={self.step})"
         )
+
+
+def _weights_parent(source: Any, n: Nitro) -> str | None:
+    """What a run started with ``weights=`` branched from, for its entries' ``parent``:
+    '<run>/<file>' of the record loaded, or '<run> => Average(...)' for an average."""
+    if isinstance(source, Pair) and isinstance(source.pick, Average) and n.averaged_from:
+        return f"{n.averaged_from['run']} => {source.pick}"
+    if n.checkpoint_source is None:
+        return None
+    run = store.read_header(n.checkpoint_source).get("run") or "?"
+    return f"{run}/{n.checkpoint_source.name}"
 
 
 def checkpoint_run(nitro: Nitro) -> str:

@@ -1,12 +1,14 @@
 """The training loop: one epoch of optimizer steps, and one pass of evaluation.
 
 Collaborators (scheduler, EMA, progress, the stop flag) are passed in; checkpointing and
-logging happen in the handle between epochs, never inside the step loop.
+logging happen in the handle at checkpoint points (each epoch end, and with
+``Checkpointer(every_steps=N)`` after every N optimizer steps, through ``StepHooks.point``),
+never inside the step itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,7 @@ from nitro_core.experiment import Experiment
 from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMATracker
 from nitro_core.training.progress import Progress
+from nitro_core.training.step import Stepper
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -50,12 +53,69 @@ def batch_size(batch: Any) -> int:
 
 @dataclass
 class StepHooks:
-    """What happens after each optimizer step besides the step itself."""
+    """What happens around each optimizer step: the step itself when it is not the plain
+    ``zero_grad(); backward(); step()`` (``stepper``: autocast, accumulation, scaler,
+    clipping), and the collaborators after it."""
 
     scheduler: Any = None
     ema: EMATracker | None = None
     anchor: W0Anchor | None = None
     progress: Progress | None = None
+    every_steps: int | None = None  # a mid-epoch checkpoint point after every N optimizer steps
+    point: Callable[[Cursor, int], bool] | None = None  # runs one; True: stop the epoch there
+    stepper: Stepper | None = None  # None: the plain step (every training-step hook at its default)
+
+
+@dataclass
+class Cursor:
+    """Where the epoch in progress stands: the batches consumed, the sum of their losses and
+    the batch of the first non-finite one (-1: none), both kept on the device so that a step
+    never waits for the host. A mid-epoch resume starts from the recorded cursor."""
+
+    batches: int
+    loss_sum: torch.Tensor  # scalar
+    first_bad: torch.Tensor  # scalar long
+    point_step: int = -1  # the step of the last mid-epoch point
+    checked: int = 0  # batches already checked finite (at the last point)
+    stopped: bool = False  # a point stopped the epoch before its end
+
+    @classmethod
+    def start(cls, device: torch.device, batches: int = 0, loss_sum: Any = None) -> Cursor:
+        total = torch.zeros((), device=device) if loss_sum is None else loss_sum.to(device)
+        bad = torch.full((), -1, dtype=torch.long, device=device)
+        return cls(batches, total, bad, checked=batches)
+
+    def mean_loss(self) -> float:
+        return self.loss_sum.item() / self.batches if self.batches else float("nan")
+
+
+def check_finite(cursor: Cursor, epoch: int, step: int, accumulate: int = 1) -> None:
+    """Raise :class:`NonFiniteLoss` when a loss of the epoch so far was NaN or infinite (one
+    host sync: at a checkpoint point, never per step). ``accumulate``: batches per optimizer
+    step (windows start at the epoch's first batch; a short last window steps too)."""
+    if (bad := int(cursor.first_bad.item())) >= 0:
+        started = step - -(-cursor.batches // accumulate)  # the step count when the epoch began
+        since = (
+            f"for epoch {epoch}"
+            if cursor.checked == 0
+            else f"past batch {cursor.checked} of epoch {epoch}"
+        )
+        raise NonFiniteLoss(
+            f"The training loss became non-finite at epoch {epoch}, step "
+            f"{started + bad // accumulate + 1} (batch {bad + 1} of the epoch): the run stopped "
+            f"before writing anything {since}, and the records already on disk stay. Lower the "
+            "learning rate, clip gradients or check the data, then continue from the last "
+            "record with resume='auto'."
+        )
+    cursor.checked = cursor.batches
+
+
+def epoch_length(batches: Any) -> int | None:
+    """Batches in an epoch, or None when the split cannot say (no or a failing ``len``)."""
+    try:
+        return len(batches)
+    except TypeError:
+        return None
 
 
 def train_epoch(
@@ -67,44 +127,78 @@ def train_epoch(
     hooks: StepHooks,
     epoch: int,
     step: int,
+    cursor: Cursor | None = None,
+    total: int | None = None,
 ) -> tuple[float, int]:
-    """One pass over ``batches``; returns (mean training loss, the step count after it)."""
+    """One pass over ``batches`` (the rest of it from ``cursor``, which counts ``total``
+    batches in all); returns (mean training loss, the step count after it). A checkpoint
+    point that stops the run sets ``cursor.stopped`` and ends the pass there."""
     model.train()
     move = device.type != "cpu"
-    total = len(batches) if isinstance(batches, Sized) else None
-    loss_sum = torch.zeros((), device=device)
-    first_bad = torch.full((), -1, dtype=torch.long, device=device)  # batch of the first NaN
-    n = 0
+    if cursor is None:
+        cursor = Cursor.start(device)
+        total = epoch_length(batches)
+    loss_sum, first_bad = cursor.loss_sum, cursor.first_bad  # the batch of the first NaN
+    n = cursor.batches
+    stepper = hooks.stepper
     for batch in batches:
         if move:
             batch = to_device(batch, device)
-        loss = exp.loss(model, batch)  # scalar
+        # forward (under autocast when the precision is mixed)
+        if stepper is None:
+            loss = exp.loss(model, batch)  # scalar
+        else:
+            loss = stepper.forward(exp.loss, model, batch)  # scalar
         # remember the first non-finite loss on the device: no host sync per step
         seen = torch.isfinite(loss.detach()) | (first_bad >= 0)
         first_bad = torch.where(seen, first_bad, n)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        # per-step collaborators
-        if hooks.anchor is not None:
-            hooks.anchor.apply()
-        if hooks.scheduler is not None:
-            hooks.scheduler.step()
-        if hooks.ema is not None:
-            hooks.ema.update()
         loss_sum += loss.detach()
         n += 1
+        # backward and optimizer step: the plain one, or into an accumulation window that
+        # steps (scaled, unscaled, clipped) when it is full
+        if stepper is None:
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        elif not stepper.backward(loss):
+            if hooks.progress is not None:
+                hooks.progress.update(epoch, exp.max_epochs, n, total, step, loss_sum)
+            continue
         step += 1
+        after_step(hooks)
         if hooks.progress is not None:
-            hooks.progress.update(epoch, exp.max_epochs, n, total)
-    if (bad := int(first_bad.item())) >= 0:
-        raise NonFiniteLoss(
-            f"The training loss became non-finite at epoch {epoch}, step {step - n + bad + 1} "
-            f"(batch {bad + 1} of the epoch): the run stopped before writing anything for epoch "
-            f"{epoch}, and the records already on disk stay. Lower the learning rate, clip "
-            "gradients or check the data, then continue from the last record with resume='auto'."
-        )
-    return (loss_sum.item() / n if n else float("nan")), step
+            hooks.progress.update(epoch, exp.max_epochs, n, total, step, loss_sum)
+        # a mid-epoch checkpoint point after every N optimizer steps (the epoch end is one too)
+        if (
+            hooks.point is not None
+            and hooks.every_steps
+            and step % hooks.every_steps == 0
+            and step != cursor.point_step
+            and (total is None or n < total)
+        ):
+            cursor.batches, cursor.loss_sum, cursor.first_bad = n, loss_sum, first_bad
+            cursor.point_step = step
+            if hooks.point(cursor, step):
+                cursor.stopped = True
+                return cursor.mean_loss(), step
+    if stepper is not None and stepper.pending:
+        # the epoch ended inside an accumulation window: that short window steps too
+        stepper.step()
+        step += 1
+        after_step(hooks)
+    cursor.batches, cursor.loss_sum, cursor.first_bad = n, loss_sum, first_bad
+    check_finite(cursor, epoch, step, stepper.accumulate if stepper is not None else 1)
+    return cursor.mean_loss(), step
+
+
+def after_step(hooks: StepHooks) -> None:
+    """The per-step collaborators, after each optimizer step."""
+    if hooks.anchor is not None:
+        hooks.anchor.apply()
+    if hooks.scheduler is not None:
+        hooks.scheduler.step()
+    if hooks.ema is not None:
+        hooks.ema.update()
 
 
 @torch.no_grad()
@@ -135,7 +229,7 @@ def evaluate(
             if with_loss:
                 rows = batch_size(batch)
                 acc = totals.setdefault("loss", [0.0, 0.0])
-                acc[0] += exp.loss(model, batch).detach() * rows
+                acc[0] += exp.loss(model, batch).detach().float() * rows  # fp32 under autocast
                 acc[1] += rows
     finally:
         model.train(was_training)

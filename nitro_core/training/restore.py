@@ -27,6 +27,7 @@ from nitro_core.state import records, rng
 from nitro_core.state.loading import load_model_state, load_optimizer_fresh_schedule, read
 from nitro_core.store import manifest
 from nitro_core.store.manifest import ManifestEntry
+from nitro_core.training import position
 from nitro_core.training.resume import ResumePoint
 
 if TYPE_CHECKING:
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 def restore_full(n: Nitro, point: ResumePoint) -> tuple[dict[str, Any] | None, rng.RngState]:
     """Load the full training state of ``point`` into ``n``; returns the logger state and the
     recorded RNG state, which the handle restores when ``train()`` starts (a draw between
-    construction and training must not move the resumed trajectory)."""
+    construction and training must not move the resumed trajectory). A mid-epoch record
+    also leaves its data position on the handle, for ``train()`` to continue the epoch."""
     _check_anchor(n, point)
     point.check_layout(records.model_layout(n.model, n.optimizer), n.logger.backend)
     rec = point.load()
@@ -47,12 +49,18 @@ def restore_full(n: Nitro, point: ResumePoint) -> tuple[dict[str, Any] | None, r
         n.scheduler.load_state_dict(rec.tree("scheduler"))
     if n.plateau is not None and meta.get("plateau") is not None:
         n.plateau.load_state_dict(rec.tree("plateau"))
+    scaler = n.stepper.scaler if n.stepper is not None else None
+    if scaler is not None and meta.get("scaler") is not None:
+        scaler.load_state_dict(rec.tree("scaler"))
     if n.early_stopper is not None and meta.get("early_stopping") is not None:
         n.early_stopper.load_state_dict(meta["early_stopping"])
     ema_state = rec.ema_state()
     if n.ema is not None and ema_state is not None:
         n.ema.load(ema_state, meta["ema_meta"]["num_updates"])
-    n.step, n.epoch = meta["step"], meta["epoch"]
+    n.step, n.epoch, n.batch = meta["step"], meta["epoch"], meta.get("batch")
+    n._position = position.read(rec)  # a mid-epoch record: where its epoch stands
+    if n._position is not None:
+        position.check_length(n._position, n.data["train"], n.epoch, point.file)
     n.history = list(meta.get("history", []))
     n.averaged_from = meta.get("averaged_from")
     return meta["logger"]["state"], (meta["rng"], rec.rng_tensors())

@@ -21,6 +21,7 @@ from nitro_core.state.records import Record
 from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry
+from nitro_core.training.step import StepSettings, step_diff
 
 
 @dataclass
@@ -58,6 +59,24 @@ class ResumePoint:
                 + "\n".join(diff)
                 + f"\nPlain fields must match for an exact resume (Host fields may change). "
                 f"Resume with {name}({recorded}), or start a new run that takes only the "
+                "weights: Nitro(exp, weights=...)."
+            )
+
+    def check_step(self, exp: Experiment, settings: StepSettings) -> None:
+        """Refuse a changed precision or accumulation (the trajectory would change), with the diff."""
+        recorded = self.meta.get("training_step") or {}
+        diff = step_diff(recorded, settings)
+        if diff:
+            name = type(exp).__name__
+            default = StepSettings()  # a record from before these hooks: their defaults
+            precision = recorded.get("precision", default.precision)
+            k = recorded.get("accumulate_grad_batches", default.accumulate_grad_batches)
+            raise ResumeRefused(
+                f"Cannot resume {self.file!r}: the training step changed since it was recorded:\n"
+                + "\n".join(diff)
+                + f"\nAn exact resume takes the step the record was trained with: return "
+                f"{precision!r} from {name}.precision() and {k} from "
+                f"{name}.accumulate_grad_batches(), or start a new run that takes only the "
                 "weights: Nitro(exp, weights=...)."
             )
 

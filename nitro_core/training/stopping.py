@@ -13,7 +13,8 @@ from nitro_core.errors import ConfigError
 @dataclass(frozen=True)
 class EarlyStopping:
     """Stop when the monitor has not improved by more than ``min_delta`` for ``patience``
-    validated epochs."""
+    validated checkpoint points (epoch ends, and with ``Checkpointer(every_steps=N)`` the
+    points inside epochs too)."""
 
     patience: int = 5
     min_delta: float = 0.0
@@ -58,7 +59,8 @@ class EarlyStopper:
 @dataclass(frozen=True)
 class Plateau:
     """Multiply the learning rate by ``factor`` when the monitor has not improved for
-    ``patience`` epochs (torch's ``ReduceLROnPlateau``, in the monitor's mode)."""
+    ``patience`` checkpoint points (epochs, or with ``every_steps`` every point; torch's
+    ``ReduceLROnPlateau``, in the monitor's mode)."""
 
     factor: float = 0.1
     patience: int = 5

@@ -19,6 +19,7 @@ from .tiny import KeepLast, Tiny
 FIELDS = {
     "file",
     "epoch",
+    "batch",
     "step",
     "score",
     "metric",

@@ -28,5 +28,6 @@ def test_average_tool_refuses_what_the_run_no_longer_holds(tmp_path):
     assert (
         f"Last(3) names epochs 4, 5, 6 of run {n.run_id}, which kept epochs 2, 4, 6 under "
         "keep=(Best(2), Last(1)); it no longer holds 5. Keep them while training: "
-        "Checkpointer(keep=(Best(2), Last(1), Last(3)))." in text
+        "Checkpointer(keep=(Best(2), Last(1), Last(3))) returned by the experiment's checkpointer() (a "
+        "change to its module)." in text
     ), text

@@ -15,17 +15,18 @@ E = "Error executing tool {tool}: "
 
 BAD_CALLS = [
     ("nitro_train", {"experiment": "Nope"},
-     "Unknown experiment 'Nope'; registered experiments are: Classifier, Regression. Use one of those names, or "
+     "Unknown experiment 'Nope'; registered experiments are: CausalLM, Classifier, Regression. Use one of those names, or "
      "register yours with the 'nitro.experiments' entry-point group or --experiment-module when starting the server."),
     ("nitro_train", {"experiment": "os.system"},
-     "Unknown experiment 'os.system'; registered experiments are: Classifier, Regression. Use one of those names, or "
+     "Unknown experiment 'os.system'; registered experiments are: CausalLM, Classifier, Regression. Use one of those names, or "
      "register yours with the 'nitro.experiments' entry-point group or --experiment-module when starting the server."),
     ("nitro_train", {"experiment": "Regression", "overrides": {"hiden": 3}},
      "Regression: unknown field 'hiden'; Regression has the fields: max_epochs, features, hidden, samples, batch_size, "
-     "lr. Write Regression(field=value) with values that fit."),
+     "lr. Send overrides naming only those fields, e.g. overrides={\"hidden\": ...}; nitro_experiments lists "
+     "Regression's fields."),
     ("nitro_train", {"experiment": "Regression", "overrides": {"hidden": "wide"}},
-     "Regression: field 'hidden' expects int, got 'wide' (str): Input should be a valid integer. Write "
-     "Regression(field=value) with values that fit."),
+     "Regression: field 'hidden' expects int, got 'wide' (str): Input should be a valid integer. Send "
+     "overrides={\"hidden\": <int>} with a value that fits; nitro_experiments lists Regression's fields."),
     ("nitro_train", {"experiment": "Regression", "run_dir": "../outside"}, None),
     ("nitro_train", {"experiment": "Regression", "run_dir": "/etc"}, None),
     ("nitro_train", {"experiment": "Regression", "run_dir": "escape/inner"}, None),
@@ -43,8 +44,9 @@ BAD_CALLS = [
      "Cannot parse source 'Average(Last(0))': at position 13 found '0', expected a positive integer up to 100000 (the most records a selector picks). "
      "Write restore_best as true, false or an average such as 'Average(Last(10))'."),
     ("nitro_train", {"experiment": "Regression", "restore_optimizer": True},
-     "restore_optimizer=True needs weights=...: it takes the optimizer state of the checkpoint weights= names. Write "
-     "Nitro(exp, weights='latest => best', restore_optimizer=True), or resume='latest => latest' to continue exactly."),
+     "restore_optimizer=true needs weights=...: it takes the optimizer state of the checkpoint weights= names. Write "
+     "nitro_train(..., weights='latest => best', restore_optimizer=true), or resume='latest => latest' to continue "
+     "exactly."),
     ("nitro_train", {"experiment": "Regression", "device": "tpu"}, "device='tpu' is not a device; write 'auto', 'cpu' or 'cuda:0'."),
     ("nitro_train", {"experiment": "Regression", "weights": "../../etc/x.safetensors"}, None),
     ("nitro_validate", {"experiment": "Regression", "weights": "latest =>"},
@@ -56,7 +58,7 @@ BAD_CALLS = [
      "'all => Average(Last(3))': averaging across runs is planned, not yet supported. Average within one run: "
      "'latest => Average(Last(3))' or '<run id> => Average(Last(3))'."),
     ("average", {"run_dir": "runs/none", "source": "latest => best"},
-     "source='latest => best' is not an average; write e.g. 'latest => Average(Last(10))'."),
+     "source='latest => best' is not an average; write e.g. source='latest => Average(Last(10))'."),
     ("average", {"run_dir": "runs/none", "save": "/tmp/avg.safetensors"}, None),
     ("nitro_status", {"job_id": "20260101-000000-abcdef"}, "No job '20260101-000000-abcdef' under"),
     ("nitro_status", {"job_id": "../../etc"}, "job_id='../../etc' is not a job id; nitro_jobs lists them"),
@@ -69,15 +71,16 @@ BAD_CALLS = [
     ("nitro_manifest", {"run_dir": "runs/none"}, "run_dir='runs/none' does not exist under the server's root"),
     ("nitro_checkpoint_info", {"path": "/etc/passwd"}, None),
     ("nitro_train", {"experiment": "Regression", "resum": "auto"},
-     "1 validation error for nitro_trainArguments\n  Value error, unknown argument 'resum'; nitro_train takes: experiment, "
-     "run_dir, resume, weights, restore_best, restore_optimizer, strict, seed, overrides, device"),
+     "unknown argument 'resum'; nitro_train takes: experiment, run_dir, resume, weights, restore_best, "
+     "restore_optimizer, strict, seed, overrides, device"),
     ("nitro_train", {"experiment": "Regression", "seed": 2**80},
      "seed=1208925819614629174706176 is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."),
     ("nitro_train", {"experiment": "Classifier", "restore_best": "Average(Last(10))"},
      "restore_best=Average(Last(10)) needs records that keep=(Best(3), Last(3)) does not hold at the end of training (max_epochs=6). "
-     "Keep them: Checkpointer(keep=(Best(3), Last(3), Last(10)))."),
+     "Keep them: Checkpointer(keep=(Best(3), Last(3), Last(10))) returned by the experiment's checkpointer() (a "
+     "change to its module)."),
     ("average", {"run_dir": "runs/none", "save": "runs/avg"},
-     "save='runs/avg' must name a .safetensors file, e.g. 'runs/Classifier/avg10.safetensors'."),
+     "save='runs/avg' must name a .safetensors file, e.g. save='runs/Classifier/avg10.safetensors'."),
     ("nitro_jobs", {"cursor": "²"}, "cursor='²' is not a cursor; pass the next_cursor of the previous page."),
     ("nitro_checkpoint_info", {"path": "runs/none.safetensors"}, "path='runs/none.safetensors' is not a file under the server's root"),
 ]  # fmt: skip

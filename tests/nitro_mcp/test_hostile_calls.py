@@ -23,63 +23,68 @@ from .conftest import call
 E = "Error executing tool {tool}: "
 INSIDE_STATE = (
     "{what}={value} is inside '.nitro', the server's own state directory (its job store), which "
-    "no tool reads or writes through a path; give a path outside it, e.g. 'runs/Classifier'."
+    "no tool reads or writes through a path; give a path outside it, {eg}."
 )
 LONG_NAME = (
     "{what}={value} has a name of 256 bytes ('aaaaaaaaaaaaaaaaaaaa…'); a file or directory name "
-    "is at most 255 bytes. Give a shorter name, e.g. 'runs/Classifier'."
+    "is at most 255 bytes. Give a shorter name, {eg}."
 )
+EG = {  # a value for each path argument, written as the argument
+    "run_dir": "e.g. run_dir='runs/Classifier'",
+    "save": "e.g. save='runs/Classifier/avg10.safetensors'",
+    "path": "e.g. path='runs/Classifier/weights.safetensors'",
+}
 NOT_A_DEVICE = "device={value} is not a device; write 'auto', 'cpu' or 'cuda:0'."
 A256, A80 = "a" * 256, "a" * 80
 
 HOSTILE_CALLS = [
     # the job store is off limits to every path argument
     ("nitro_train", {"experiment": "Regression", "run_dir": ".nitro/jobs"},
-     INSIDE_STATE.format(what="run_dir", value="'.nitro/jobs'")),
+     INSIDE_STATE.format(what="run_dir", eg=EG["run_dir"], value="'.nitro/jobs'")),
     ("nitro_train", {"experiment": "Regression", "run_dir": ".nitro"},
-     INSIDE_STATE.format(what="run_dir", value="'.nitro'")),
+     INSIDE_STATE.format(what="run_dir", eg=EG["run_dir"], value="'.nitro'")),
     ("nitro_train", {"experiment": "Regression", "run_dir": "runs/../.nitro/x"},
-     INSIDE_STATE.format(what="run_dir", value="'runs/../.nitro/x'")),
+     INSIDE_STATE.format(what="run_dir", eg=EG["run_dir"], value="'runs/../.nitro/x'")),
     ("nitro_train", {"experiment": "Regression", "run_dir": "state/jobs"},  # a symlink to .nitro
-     INSIDE_STATE.format(what="run_dir", value="'state/jobs'")),
+     INSIDE_STATE.format(what="run_dir", eg=EG["run_dir"], value="'state/jobs'")),
     ("average", {"run_dir": "runs", "save": ".nitro/jobs/x.safetensors"},
-     INSIDE_STATE.format(what="save", value="'.nitro/jobs/x.safetensors'")),
-    ("nitro_runs", {"run_dir": ".nitro/jobs"}, INSIDE_STATE.format(what="run_dir", value="'.nitro/jobs'")),
-    ("nitro_manifest", {"run_dir": ".nitro"}, INSIDE_STATE.format(what="run_dir", value="'.nitro'")),
+     INSIDE_STATE.format(what="save", eg=EG["save"], value="'.nitro/jobs/x.safetensors'")),
+    ("nitro_runs", {"run_dir": ".nitro/jobs"}, INSIDE_STATE.format(what="run_dir", eg=EG["run_dir"], value="'.nitro/jobs'")),
+    ("nitro_manifest", {"run_dir": ".nitro"}, INSIDE_STATE.format(what="run_dir", eg=EG["run_dir"], value="'.nitro'")),
     ("nitro_checkpoint_info", {"path": ".nitro/jobs/j/spec.json"},
-     INSIDE_STATE.format(what="path", value="'.nitro/jobs/j/spec.json'")),
+     INSIDE_STATE.format(what="path", eg=EG["path"], value="'.nitro/jobs/j/spec.json'")),
     # a sibling whose name starts with the root's name is outside it
     ("nitro_train", {"experiment": "Regression", "run_dir": "../root2/runs"}, None),
     ("nitro_runs", {"run_dir": "{tmp}/root2"}, None),
     # names the file system would refuse
     ("nitro_train", {"experiment": "Regression", "run_dir": A256},
-     LONG_NAME.format(what="run_dir", value=f"'{A80}…'")),
-    ("nitro_runs", {"run_dir": f"runs/{A256}"}, LONG_NAME.format(what="run_dir", value=f"'runs/{'a' * 75}…'")),
+     LONG_NAME.format(what="run_dir", eg=EG["run_dir"], value=f"'{A80}…'")),
+    ("nitro_runs", {"run_dir": f"runs/{A256}"}, LONG_NAME.format(what="run_dir", eg=EG["run_dir"], value=f"'runs/{'a' * 75}…'")),
     ("average", {"run_dir": "runs", "save": f"runs/{A256}.safetensors"},
-     LONG_NAME.format(what="save", value=f"'runs/{'a' * 75}…'").replace("256 bytes", "268 bytes")),
-    ("nitro_checkpoint_info", {"path": A256}, LONG_NAME.format(what="path", value=f"'{A80}…'")),
+     LONG_NAME.format(what="save", eg=EG["save"], value=f"'runs/{'a' * 75}…'").replace("256 bytes", "268 bytes")),
+    ("nitro_checkpoint_info", {"path": A256}, LONG_NAME.format(what="path", eg=EG["path"], value=f"'{A80}…'")),
     ("nitro_train", {"experiment": "Regression", "run_dir": "a/" * 2100},
      f"run_dir='{'a/' * 40}…' is 4200 bytes long; a path is at most 4095 bytes here. Give a shorter path, "
-     "e.g. 'runs/Classifier'."),
+     "e.g. run_dir='runs/Classifier'."),
     # a file where a directory belongs
     ("nitro_train", {"experiment": "Regression", "run_dir": "notes.txt"},
      "run_dir='notes.txt' is a file, not a directory; give a directory (it is created when missing), "
-     "e.g. 'runs/Classifier'."),
+     "e.g. run_dir='runs/Classifier'."),
     ("nitro_train", {"experiment": "Regression", "run_dir": "notes.txt/sub"},
      "run_dir='notes.txt/sub' lies under the file 'notes.txt', not a directory; give a directory (it is "
-     "created when missing), e.g. 'runs/Classifier'."),
+     "created when missing), e.g. run_dir='runs/Classifier'."),
     ("average", {"run_dir": "notes.txt"},
      "run_dir='notes.txt' is a file, not a directory; give a directory (it is created when missing), "
-     "e.g. 'runs/Classifier'."),
+     "e.g. run_dir='runs/Classifier'."),
     ("nitro_manifest", {"run_dir": "notes.txt"},
      "run_dir='notes.txt' is a file, not a directory; give a directory (it is created when missing), "
-     "e.g. 'runs/Classifier'."),
+     "e.g. run_dir='runs/Classifier'."),
     ("nitro_validate", {"experiment": "Regression", "run_dir": "notes.txt"},
      "run_dir='notes.txt' is a file, not a directory; give a directory (it is created when missing), "
-     "e.g. 'runs/Classifier'."),
+     "e.g. run_dir='runs/Classifier'."),
     ("average", {"run_dir": "runs", "save": "notes.txt/avg.safetensors"},
      "save='notes.txt/avg.safetensors' lies under the file 'notes.txt', not a directory; give a path in a "
-     "directory, e.g. 'runs/Classifier/avg10.safetensors'."),
+     "directory, e.g. save='runs/Classifier/avg10.safetensors'."),
     # numbers too long to read, devices torch would refuse later, oversized configs
     ("nitro_jobs", {"cursor": "9" * 4300},
      f"cursor='{'9' * 80}…' is not a cursor; pass the next_cursor of the previous page."),
@@ -95,7 +100,7 @@ HOSTILE_CALLS = [
     ("nitro_train", {"experiment": "Regression", "device": "x" * 500},
      NOT_A_DEVICE.format(value=f"'{'x' * 80}…'")),
     ("nitro_train", {"experiment": "E" * 1000},
-     f"Unknown experiment '{'E' * 80}…'; registered experiments are: Classifier, Regression. Use one of those "
+     f"Unknown experiment '{'E' * 80}…'; registered experiments are: CausalLM, Classifier, Regression. Use one of those "
      "names, or register yours with the 'nitro.experiments' entry-point group or --experiment-module when "
      "starting the server."),
     ("nitro_train", {"experiment": "Regression", "overrides": {"k" * 500: 1}},
@@ -106,15 +111,18 @@ HOSTILE_CALLS = [
      "most 1000; nitro_experiments lists each experiment's fields."),
     ("nitro_train", {"experiment": "Regression", "overrides": {"samples": 10**12}},
      "Regression: field 'samples' expects int, got 1000000000000 (int): Input should be less than or equal "
-     "to 100000. Write Regression(field=value) with values that fit."),
+     "to 100000. Send overrides={\"samples\": <int>} with a value that fits; nitro_experiments lists "
+     "Regression's fields."),
     ("nitro_train", {"experiment": "Classifier", "overrides": {"max_epochs": 10**9}},
      "Classifier: field 'max_epochs' expects int, got 1000000000 (int): Input should be less than or equal "
-     "to 10000. Write Classifier(field=value) with values that fit."),
+     "to 10000. Send overrides={\"max_epochs\": <int>} with a value that fits; nitro_experiments lists "
+     "Classifier's fields."),
     ("nitro_validate", {"experiment": "Regression", "overrides": {"features": 10**6}},
      "Regression: field 'features' expects int, got 1000000 (int): Input should be less than or equal to "
-     "256. Write Regression(field=value) with values that fit."),
+     "256. Send overrides={\"features\": <int>} with a value that fits; nitro_experiments lists "
+     "Regression's fields."),
     ("nitro_status", {"job_id": "a" * 100},
-     f"job_id='{A80}…' is not a job id; nitro_jobs lists them (e.g. '20261129-072848-63c6e6')."),
+     f"job_id='{A80}…' is not a job id; nitro_jobs lists them (e.g. job_id='20261129-072848-63c6e6')."),
 ]  # fmt: skip
 if not torch.cuda.is_available():
     HOSTILE_CALLS.append(
@@ -188,7 +196,9 @@ def test_a_foreign_file_in_the_job_store_never_breaks_listing(tmp_path):
                 assert err and text.endswith(
                     f"No job {name!r} under {str(jobs)!r}; nitro_jobs lists the jobs there."
                 ), text
-            err, second = await call(client, "nitro_train", experiment="Regression")
+            err, second = await call(
+                client, "nitro_train", experiment="Regression", run_dir="runs/second"
+            )  # another run_dir: a second job on the first's is refused
             assert not err and second["state"] == "queued", second
             err, stopped = await call(client, "nitro_stop", job_id=job["job_id"])
             assert not err and stopped["state"] == "stopped", stopped
@@ -212,19 +222,20 @@ def test_resume_auto_with_a_changed_plain_config_is_refused_at_the_call(tmp_path
                 client,
                 "nitro_train",
                 experiment="Regression",
-                overrides={**small, "hidden": 16},
+                overrides={**small, "hidden": 16, "max_epochs": 2},
                 resume="auto",
             )
 
     err, text = anyio.run(main)
     (entry,) = read_manifest(tmp_path / "runs/Regression")
-    record = str(tmp_path / "runs/Regression" / entry.file)
     assert err and text == (
-        f"Error executing tool nitro_train: Cannot resume {record!r}: the config changed since it "
-        "was recorded:\n  hidden: 8 -> 16\nPlain fields must match for an exact resume (Host fields "
-        "may change). Resume with Regression(max_epochs=1, features=8, hidden=8, samples=64, "
-        "batch_size=64, lr=0.01), or start a new run that takes only the weights: "
-        "Nitro(exp, weights=...)."
+        f"Error executing tool nitro_train: resume='auto' continues run {entry.run} under its "
+        "recorded config; overrides may change only Host fields (max_epochs), and these change "
+        "plain fields: hidden: 8 (record) -> 16 (call). Drop overrides={'hidden': 16} to resume: "
+        "nitro_train(experiment='Regression', run_dir='runs/Regression', resume='auto', "
+        "overrides={'max_epochs': 2, 'samples': 64}), or start a new run from its weights: "
+        f"nitro_train(experiment='Regression', run_dir='runs/Regression', weights='{entry.run} "
+        "=> latest', overrides={'max_epochs': 2, 'samples': 64, 'hidden': 16})."
     )
     assert not store.exists() or not list(store.iterdir())  # refused before any job existed
 
@@ -232,7 +243,7 @@ def test_resume_auto_with_a_changed_plain_config_is_refused_at_the_call(tmp_path
 def test_a_file_system_error_the_checks_missed_is_still_an_actionable_tool_error(
     tmp_path, monkeypatch
 ):
-    def broken_disk(self, run_dir):
+    def broken_disk(self, run_dir, *page):
         raise OSError(errno.EIO, "Input/output error", str(tmp_path / "runs" / ("r" * 200)))
 
     monkeypatch.setattr(Gate, "runs", broken_disk)

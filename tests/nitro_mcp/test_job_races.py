@@ -173,6 +173,7 @@ def wait_for_state(directory: Path, states: set[str], limit: float) -> dict:
     raise AssertionError(f"{directory.name} is still {status['state']} after {limit} s")
 
 
+@pytest.mark.slow  # a real worker end to end; `pytest -m slow`
 def test_queued_jobs_run_after_the_client_disconnects(tmp_path):
     async def main():
         async with Client(build_server(tmp_path, max_jobs=1)) as client:
@@ -193,6 +194,7 @@ def test_queued_jobs_run_after_the_client_disconnects(tmp_path):
     assert done["state"] == "succeeded" and done["run_id"], done
 
 
+@pytest.mark.slow  # a real worker end to end; `pytest -m slow`
 def test_the_server_starts_a_queued_job_without_any_call(tmp_path):
     other = JobManager(tmp_path, max_jobs=0)  # another server queued it and went away
     job = other.submit(kind="train", experiment="Regression", run_dir=str(tmp_path / "runs/r"),

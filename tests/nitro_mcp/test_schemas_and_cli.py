@@ -69,7 +69,9 @@ def test_cli_train_runs_info_manifest_and_average(tmp_path, capsys):
     assert main(["average", run, "--source", "latest => Average(Last(5))"]) == 1
     assert "Last(5) needs 5 points and the run passed 2" in capsys.readouterr().err
     assert main(["validate", "Regression", "--run-dir", run, "--set", "samples=128"]) == 0
-    assert '"loss"' in capsys.readouterr().out
+    repeated = json.loads(capsys.readouterr().out)["metrics"]
+    assert main(["validate", "Regression", "--run-dir", run]) == 0  # the record's config
+    assert json.loads(capsys.readouterr().out)["metrics"] == repeated
 
 
 def test_cli_reports_errors_on_stderr_with_status_1(tmp_path, capsys):

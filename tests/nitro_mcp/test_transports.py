@@ -17,6 +17,7 @@ from mcp.client.streamable_http import streamable_http_client
 from .conftest import call, wait_done
 
 
+@pytest.mark.slow  # a real worker end to end; `pytest -m slow`
 def test_stdio_server_trains_validates_and_averages(tmp_path):
     params = StdioServerParameters(
         command=sys.executable,
@@ -90,4 +91,4 @@ def test_http_requires_the_bearer_token(http_server):
 
     names, err, exps = anyio.run(main)
     assert "nitro_train" in names and not err
-    assert {e["name"] for e in exps["experiments"]} == {"Classifier", "Regression"}
+    assert {e["name"] for e in exps["experiments"]} == {"CausalLM", "Classifier", "Regression"}

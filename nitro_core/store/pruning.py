@@ -1,0 +1,182 @@
+"""Carrying a deletion out: the manifest rewritten without the entries and points that go,
+then their files unlinked, all under the manifest lock.
+
+The caller's ``decide`` (:func:`nitro_core.policy.pruning.plan_deletion`) makes the
+decision from the manifest as read under the lock, so an entry committed between a plan and
+its execution is never deleted unseen. The order is retention's: the manifest first (a
+record counts only while it is listed), then the files, then a directory fsync; a crash
+between the two leaves unlisted files, which count for nothing.
+
+Nothing is followed through a link, and only regular files are removed: a listed name that
+holds a link or a directory is left in place and reported as skipped, and a run's log goes
+only when ``logs/`` is a real directory of the run directory. A run some process is training
+right now (its run lock held) is refused: its trainer would write on after the deletion. A
+dry run reads only: it takes no lock and creates no file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from nitro_core.errors import TrainingRefused
+from nitro_core.store import manifest
+from nitro_core.store.claims import manifest_lock, run_lock, run_lock_path
+from nitro_core.store.manifest import Manifest, ManifestEntry
+from nitro_core.store.safeio import fsync_dir, open_nofollow
+
+LOGS = "logs"
+
+
+class Doomed(Protocol):
+    """What a plan names: the entries that go, and the runs that go whole."""
+
+    @property
+    def entries(self) -> tuple[ManifestEntry, ...]: ...
+
+    @property
+    def runs(self) -> tuple[str, ...]: ...
+
+
+P = TypeVar("P", bound=Doomed)
+
+
+@dataclass(frozen=True)
+class RemovedFile:
+    """One file a deletion removes: a record, or a log of a run that goes whole."""
+
+    path: str  # relative to the run directory
+    bytes: int  # its size on disk
+    run: str  # the run it belongs to
+
+
+@dataclass(frozen=True)
+class Removed:
+    """The files a deletion removed (a dry run: would remove)."""
+
+    files: tuple[RemovedFile, ...]
+    missing: tuple[str, ...]  # listed records already gone from disk (their entries go)
+    skipped: tuple[str, ...]  # names holding a link or a directory: left in place
+    dry_run: bool
+
+
+def run_logs(run_dir: Path, run: str) -> list[str]:
+    """A run's log files, relative to ``run_dir``: ``logs/<run>.jsonl`` and the TensorBoard
+    event files in ``logs/tb/<run>/`` (where :mod:`nitro_core.training.loggers` writes them);
+    none found through a link."""
+    logs = run_dir / LOGS
+    if not _real_dir(logs):
+        return []
+    names = [f"{LOGS}/{run}.jsonl"]
+    events = logs / "tb" / run
+    if _real_dir(logs / "tb") and _real_dir(events):
+        with os.scandir(events) as it:
+            names += sorted(f"{LOGS}/tb/{run}/{e.name}" for e in it)
+    return names
+
+
+def remove(
+    run_dir: str | Path, decide: Callable[[Manifest], P], dry_run: bool = True
+) -> tuple[P, Removed]:
+    """Decide from ``run_dir``'s manifest, then (unless ``dry_run``) rewrite it without the
+    plan's entries and the points of its whole runs and unlink their files and logs."""
+    run_dir = Path(run_dir)
+    if dry_run:
+        plan = decide(manifest.load(run_dir))
+        for run in _touched(plan):
+            if _held(run_dir, run):
+                raise _busy(run_dir, run)
+        return plan, _survey(run_dir, plan, dry_run=True)
+    with manifest_lock(run_dir), ExitStack() as held:
+        current = manifest.load(run_dir)
+        plan = decide(current)
+        for run in _touched(plan):
+            held.enter_context(_holding(run_dir, run))
+        found = _survey(run_dir, plan, dry_run=False)
+        going = {e.file for e in plan.entries}
+        current.entries = [e for e in current.entries if e.file not in going]
+        for run in plan.runs:
+            current.points.pop(run, None)
+        manifest.save(run_dir, current)
+        for gone in found.files:  # unlisted now; removed under the lock, as retention does
+            try:
+                os.unlink(run_dir / gone.path)
+            except FileNotFoundError:
+                pass
+        for directory in sorted({(run_dir / f.path).parent for f in found.files}, reverse=True):
+            fsync_dir(directory)
+        for run in plan.runs:  # an emptied directory of event files goes too
+            try:
+                os.rmdir(run_dir / LOGS / "tb" / run)
+            except OSError:  # missing, not empty, or a link: left as it is
+                pass
+    return plan, found
+
+
+def _touched(plan: Doomed) -> list[str]:
+    return list(dict.fromkeys([*(e.run for e in plan.entries), *plan.runs]))
+
+
+def _survey(run_dir: Path, plan: Doomed, dry_run: bool) -> Removed:
+    files: list[RemovedFile] = []
+    missing: list[str] = []
+    skipped: list[str] = []
+    named = [(e.file, e.run, True) for e in plan.entries]
+    named += [(name, run, False) for run in plan.runs for name in run_logs(run_dir, run)]
+    for name, run, listed in named:
+        try:
+            st = os.lstat(run_dir / name)
+        except FileNotFoundError:
+            if listed:
+                missing.append(name)
+            continue
+        if stat.S_ISREG(st.st_mode):
+            files.append(RemovedFile(name, st.st_size, run))
+        else:
+            skipped.append(name)
+    return Removed(tuple(files), tuple(missing), tuple(skipped), dry_run)
+
+
+def _real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)  # a link to a directory is not one
+    except FileNotFoundError:
+        return False
+
+
+def _held(run_dir: Path, run: str) -> bool:
+    """Whether another open file holds ``run``'s training lock, probed without creating the
+    lock file."""
+    try:
+        fd = open_nofollow(run_lock_path(run_dir, run), os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the probe's lock
+    return False
+
+
+@contextmanager
+def _holding(run_dir: Path, run: str) -> Iterator[None]:
+    with run_lock(run_dir, run) as mine:
+        if not mine:
+            raise _busy(run_dir, run)
+        yield
+
+
+def _busy(run_dir: Path, run: str) -> TrainingRefused:
+    return TrainingRefused(
+        f"Cannot delete from run {run} in {str(run_dir)!r}: a process is training it right now, "
+        "and it would write on after the deletion. Stop that training first (or wait for it "
+        "to end), then delete again; nothing was deleted."
+    )

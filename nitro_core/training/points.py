@@ -1,0 +1,148 @@
+"""Checkpoint points: a handle's epoch, and what happens at each point of it.
+
+A point is an epoch end and, with ``Checkpointer(every_steps=N)``, every N optimizer steps
+inside an epoch. At each one the handle waits for the previous asynchronous write (so at
+most one is in flight, and a failed one raises here), validates the ``val`` split (isolated
+from the training generators, so a run with points trains as one without), checks the
+monitor, decides stops (early stopping and plateau count points), logs a history row,
+offers a record to the selectors and calls the caller's ``on_epoch``. A mid-epoch record
+also holds where the epoch stands (:mod:`nitro_core.training.position`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from nitro_core.state import records, rng
+from nitro_core.training import position, ranking, setup
+from nitro_core.training.loop import Cursor, StepHooks, check_finite, epoch_length, train_epoch
+
+if TYPE_CHECKING:
+    from nitro_core.training.handle import Nitro
+
+OnPoint = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class Epoch:
+    """An epoch in progress: its number, the rest of its batches and where it stands."""
+
+    number: int
+    batches: Iterator[Any]
+    cursor: Cursor
+    total: int | None
+    start_rng: rng.RngState | None  # every generator when it began (with every_steps only)
+    clock: float  # when its last point ended (or it began)
+
+
+def next_epoch(n: Nitro) -> int:
+    """The epoch the handle trains next: the one in progress after a mid-epoch point."""
+    return n.epoch if n.batch is not None else n.epoch + 1
+
+
+def open_epoch(n: Nitro) -> Epoch:
+    """The epoch to train: the one a mid-epoch record was written in, or a mid-epoch point
+    stopped this handle in (then the generators go back to that point only now, after the
+    split is positioned), or a new one."""
+    split = n.data["train"]
+    total = epoch_length(split)
+    if n._position is not None:
+        at, n._position = n._position, None
+        batches, cursor = position.reopen(split, at, n.epoch, n.device)
+        assert n._start_rng is not None  # a resume keeps the record's state until now
+        rng.restore(*n._start_rng)
+        n._start_rng = None
+        return Epoch(n.epoch, batches, cursor, total, at.epoch_rng, time.monotonic())
+    mid_epoch = n.checkpointer is not None and n.checkpointer.every_steps is not None
+    start_rng = rng.capture() if mid_epoch else None  # before the split draws its order
+    return Epoch(
+        n.epoch + 1, iter(split), Cursor.start(n.device), total, start_rng, time.monotonic()
+    )
+
+
+def run_epoch(n: Nitro, hooks: StepHooks, on_point: OnPoint | None) -> None:
+    """Train (the rest of) an epoch, with its points; the last is its end, unless a
+    mid-epoch point stopped the run."""
+    epoch = open_epoch(n)
+    hooks.every_steps = n.checkpointer.every_steps if n.checkpointer is not None else None
+    hooks.point = lambda cursor, step: point(n, epoch, step, on_point)
+    # optimizer steps over the train split
+    _, n.step = train_epoch(
+        n.experiment, n._forward_model, n.optimizer, epoch.batches, n.device, hooks,
+        epoch.number, n.step, epoch.cursor, epoch.total,
+    )  # fmt: skip
+    hooks.point = None  # the epoch's iterator (and a loader's workers) ends with it
+    if epoch.cursor.stopped:  # a later train() of this handle continues the epoch from here
+        split = n.data["train"]
+        data = split.state_dict() if position.stateful(split) else None
+        assert epoch.start_rng is not None  # a mid-epoch point implies every_steps
+        cursor = epoch.cursor
+        n._position = position.Position(cursor.batches, cursor.loss_sum, epoch.start_rng, data)
+        n._start_rng = rng.capture()
+        return
+    point(n, epoch, n.step, on_point, end=True)
+
+
+def point(n: Nitro, epoch: Epoch, step: int, on_point: OnPoint | None, end: bool = False) -> bool:
+    """One checkpoint point; returns whether the run stops here."""
+    cursor = epoch.cursor
+    batch = None if end else cursor.batches
+    where = f"epoch {epoch.number}" + ("" if end else f" batch {batch}")
+    if n._writer is not None:  # one write in flight: its error, if any, is raised here
+        n._writer.wait(f"The checkpoint point at {where} (step {step})")
+    if not end:  # the epoch end was checked by the loop
+        accumulate = n.stepper.accumulate if n.stepper is not None else 1
+        check_finite(cursor, epoch.number, step, accumulate)
+    n.step, n.epoch, n.batch = step, epoch.number, batch
+    # validate, then check what is watched (a missing or NaN monitor raises here)
+    metrics = n.validate() if n.ranking.has_val else {}
+    if metrics:
+        ranking.check_metrics(type(n.experiment).__name__, metrics, n.ranking, epoch.number)
+    n.stop_reason = n._decide_stop(metrics)
+    # log, then checkpoint (the record holds the logger's offset after this row)
+    row: dict[str, Any] = {"epoch": epoch.number}
+    if batch is not None:
+        row["batch"] = batch
+    row.update(
+        step=step,
+        train_loss=cursor.mean_loss(),
+        lr=n.optimizer.param_groups[0]["lr"],
+        val=metrics,
+        seconds=round(time.monotonic() - epoch.clock, 4),
+    )
+    n.history.append(row)
+    n.logger.log({"run": n.run_id, **row})
+    if n._writer is not None:
+        score = metrics.get(n.ranking.pair[0]) if n.ranking.pair[0] else None
+        n._writer.save(
+            epoch.number,
+            step,
+            score,
+            n.stop_reason,
+            lambda: snapshot(n, epoch, batch),
+            batch,
+        )
+    if end:
+        n._progress.epoch_end(setup.summary(row))
+    epoch.clock = time.monotonic()
+    if on_point is not None:
+        on_point(row)
+    return n.stop_reason is not None
+
+
+def snapshot(n: Nitro, epoch: Epoch, batch: int | None) -> records.Snapshot:
+    """The handle's record snapshot, with where the epoch stands when it is mid-epoch."""
+    snap = n._snapshot()
+    snap.header["batch"] = batch
+    snap.header["position"] = None
+    if batch is not None:
+        assert epoch.start_rng is not None  # captured whenever every_steps is set
+        snap.header["position"], tensors = position.header(epoch.cursor, epoch.start_rng)
+        snap.rng_tensors = {**snap.rng_tensors, **tensors}
+        split = n.data["train"]
+        if position.stateful(split):
+            snap.trees["data"] = split.state_dict()
+    return snap

@@ -1,0 +1,155 @@
+"""Deleting runs and pruning jobs: what ``nitro_delete`` and ``nitro_jobs(prune_older_than_h=)``
+do. Both are dry runs unless the call says ``dry_run=false``, and both say exactly what goes.
+
+A deletion is refused while a queued or running job of this root uses the run directory (its
+run directory, or a path source naming a file in it), naming the job and the calls that stop
+or follow it; :func:`nitro_core.pruning.delete_checkpoints` does the rest (the manifest lock,
+another run's files never touched, a run being trained refused). Pruning removes only ended
+jobs whose worker is gone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError, TrainingRefused
+from nitro_core.jobs import JobManager, JobStatus
+from nitro_core.pruning import Deletion, delete_checkpoints
+from nitro_mcp import models
+from nitro_mcp.catalog import RUN_ID, holds_manifest
+from nitro_mcp.echo import clip, clip_text
+from nitro_mcp.following import follow_call
+from nitro_mcp.paths import directory_inside_root, shown
+from nitro_mcp.replies import fit
+
+SHOWN_FILES = 50
+FILES_BUDGET = 4_000  # characters of the files listed in one reply
+
+
+# -- nitro_delete ----------------------------------------------------------------------------------
+def delete(
+    root: Path,
+    jobs: JobManager,
+    run_dir: str,
+    run: str | None,
+    files: list[str] | None,
+    dry_run: bool,
+) -> models.DeleteResult:
+    """Delete a run or some records of a run directory (a dry run by default), refused while
+    a queued or running job of this root uses the directory."""
+    where = directory_inside_root(root, run_dir, "run_dir")
+    if not holds_manifest(where):
+        raise CheckpointNotFound(
+            f"run_dir={clip(run_dir)} holds no manifest.json, so nothing there is Nitro's to "
+            f"delete; nitro_runs(run_dir={clip(run_dir)}) lists the run directories below it."
+        )
+    if run is not None and not (isinstance(run, str) and RUN_ID.match(run)):
+        raise ConfigError(
+            f"run={clip(run)} is not a run id; nitro_runs(run_dir={clip(run_dir)}) lists them."
+        )
+    if files is not None and (
+        not isinstance(files, list)
+        or len(files) > 1000
+        or not all(isinstance(f, str) for f in files)
+    ):
+        raise ConfigError(
+            f"files={clip(files)} must be a list of at most 1000 record file names as "
+            f"nitro_manifest(run_dir={clip(run_dir)}) lists them."
+        )
+    blocker = _job_using(root, jobs, where)
+    if blocker is not None:
+        follow = follow_call(blocker.job_id)
+        raise TrainingRefused(
+            f"run_dir={clip(run_dir)} is in use by job {blocker.job_id} ({blocker.kind}, "
+            f"{blocker.state}), which reads or writes its checkpoints; nothing was deleted. Stop "
+            f"it with nitro_stop(job_id='{blocker.job_id}') or wait for its end with {follow}, "
+            "then call nitro_delete again."
+        )
+    done = delete_checkpoints(where, run, files, dry_run)
+    return _deletion_result(root, done, run_dir, run, files)
+
+
+def _job_using(root: Path, jobs: JobManager, where: Path) -> JobStatus | None:
+    """A queued or running job whose run directory is ``where`` (first), else one whose path
+    source names a file inside it."""
+    live = jobs.live()  # the queued and running jobs, from the index
+    for status in live:
+        if Path(status.run_dir).resolve() == where:
+            return status
+    for status in live:
+        try:
+            spec = jobs.spec(status.job_id)
+        except NitroError:
+            continue
+        for text in (spec.weights, spec.resume, spec.source, spec.restore_best):
+            if isinstance(text, str) and text.endswith(".safetensors"):
+                for base in (root, Path(spec.run_dir)):
+                    if where in (base / text).resolve().parents:
+                        return status
+    return None
+
+
+def _deletion_result(
+    root: Path, done: Deletion, run_dir: str, run: str | None, files: list[str] | None
+) -> models.DeleteResult:
+    epochs = {e.file: e.epoch for e in done.entries}
+    listed = [
+        models.DeletedFile(file=f.path, run=f.run, epoch=epochs.get(f.path), bytes=f.bytes)
+        for f in done.files[:SHOWN_FILES]
+    ]
+    listed = listed[: fit(listed, SHOWN_FILES, FILES_BUDGET)]  # long names: fewer of them
+    where = shown(root, done.run_dir)
+    args = f"run_dir={where!r}" + (f", run={run!r}" if run is not None else "")
+    if files is not None:
+        named = f", files={files!r}"
+        args += named if len(named) <= 600 else f", files=[the same {len(files)} names]"
+    if done.dry_run:
+        nxt = (
+            f"Dry run: nothing was deleted. nitro_delete({args}, dry_run=false) deletes these "
+            f"{len(done.files)} files ({_human(done.bytes)}) and {len(done.entries)} manifest entries."
+        )
+    else:
+        nxt = (
+            f"Deleted {len(done.files)} files ({_human(done.bytes)}) and {len(done.entries)} "
+            f"manifest entries. nitro_runs(run_dir={where!r}) shows what remains."
+        )
+    return models.DeleteResult(
+        run_dir=where, dry_run=done.dry_run, files=listed, files_total=len(done.files),
+        entries=len(done.entries), runs=list(done.runs)[:50], points=done.points, bytes=done.bytes,
+        missing=[clip_text(n, 100) for n in done.missing[:10]],
+        skipped=[clip_text(n, 100) for n in done.skipped[:10]], next=nxt,
+    )  # fmt: skip
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "kB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{int(size)} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{n} bytes"
+
+
+# -- nitro_jobs(prune_older_than_h=...) ------------------------------------------------------------
+def prune_jobs(jobs: JobManager, hours: float, dry_run: bool) -> models.PrunedJobs:
+    """The ended jobs older than ``hours``, their directories removed unless ``dry_run``."""
+    if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 <= hours < 1e6:
+        raise ConfigError(
+            f"prune_older_than_h={clip(hours)} is out of range; give the hours since a job "
+            "ended, 0 or more, e.g. prune_older_than_h=24."
+        )
+    gone = jobs.prune(hours * 3600, dry_run)
+    size = sum(b for _, b in gone)
+    args = f"prune_older_than_h={hours:g}"
+    nxt = (
+        f"Dry run: nothing was removed. nitro_jobs({args}, dry_run=false) removes these "
+        f"{len(gone)} job directories ({_human(size)})."
+        if dry_run
+        else f"Removed {len(gone)} job directories ({_human(size)})."
+    )
+    return models.PrunedJobs(
+        dry_run=dry_run, jobs=[j for j, _ in gone][:50], count=len(gone), bytes=size, next=nxt
+    )
+
+
+__all__ = ["delete", "prune_jobs"]

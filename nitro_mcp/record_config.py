@@ -1,0 +1,196 @@
+"""The record's config as the default of the gate's calls, and the refusals of calls that
+would silently do nothing or run twice.
+
+- ``nitro_validate`` and ``average(validate=true)`` build the experiment from the config the
+  record holds, with the call's ``overrides`` on top; each field that then differs from the
+  record is named in a warning of the reply (:func:`from_record`).
+- A resume takes the recorded config and lets ``overrides`` change Host fields only; a
+  plain-field change is refused with the calls to send instead (:func:`resume_experiment`).
+- A resume with nothing left to train is refused (:func:`check_something_to_train`), and so is
+  a second train job on a run directory a queued or running one trains (:func:`refuse_busy`).
+
+Every refusal writes what to send as this tool's arguments (:mod:`nitro_core.jobs.calls`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from nitro_core.errors import ConfigError, NitroError, ResumeRefused
+from nitro_core.experiment import Experiment, config_of, host_fields
+from nitro_core.jobs import JobManager, JobStatus
+from nitro_core.jobs.calls import nothing_to_train, tool_call, train_arguments, value
+from nitro_core.sources.grammar import Source
+from nitro_core.training.from_record import (
+    RecordConfig,
+    build_from_config,
+    declared_default,
+    record_config,
+)
+from nitro_core.training.resume import ResumePoint
+
+E = TypeVar("E", bound=Experiment)
+WARNINGS_MAX = 8  # warnings in one reply, each at most WARNING_CHARS characters
+WARNING_CHARS = 400
+
+
+def from_record(
+    cls: type[E], source: Source, run_dir: Path, overrides: Mapping[str, Any] | None
+) -> tuple[E, list[str]]:
+    """``cls`` built from the config of the record ``source`` names (an ``Average``: its
+    state record), with ``overrides`` on top; and the warnings naming each difference."""
+    try:
+        recorded = record_config(source, run_dir)
+    except NitroError:  # no such record: an override the class refuses anyway is said first
+        _check_alone(cls, overrides or {})
+        raise
+    return build_from_config(cls, recorded, overrides or {})
+
+
+def _check_alone(cls: type[Experiment], overrides: Mapping[str, Any]) -> None:
+    """Raise the class's own refusal of ``overrides`` over its defaults, if it has one."""
+    try:
+        cls()
+    except ConfigError:  # a field without a default: nothing to check the overrides against
+        return
+    cls(**overrides)
+
+
+def resume_experiment(
+    cls: type[E],
+    point: ResumePoint,
+    overrides: Mapping[str, Any] | None,
+    args: dict[str, Any],
+    check_epochs: bool = True,
+) -> E:
+    """The experiment a resume continues: the recorded config, ``overrides`` changing Host
+    fields only. ``args`` are the call's ``nitro_train`` arguments, for the refusals; with
+    ``check_epochs``, a resume with nothing left to train is refused first."""
+    recorded = point.meta.get("config") or {}
+    exp, _ = build_from_config(
+        cls,
+        RecordConfig(point.path, point.meta.get("experiment"), dict(recorded)),
+        overrides or {},
+    )
+    if check_epochs:
+        check_something_to_train(point, exp, args)
+    host = host_fields(cls)
+    built = config_of(exp)
+    plain = {
+        k: v for k, v in (overrides or {}).items()
+        if k not in host and built[k] != (recorded[k] if k in recorded else declared_default(cls, k))
+    }  # fmt: skip
+    dropped = sorted(set(recorded) - set(cls.model_fields))
+    if not plain and not dropped:
+        return exp
+    run = point.meta.get("run", "?")
+    resume = args["resume"]
+    what = f"run {run}" if point.continue_run else f"epoch {point.meta.get('epoch')} of run {run}"
+    weights = f"{run} => latest" if resume in ("auto", ":auto") else resume
+    rest = {k: v for k, v in args.items() if k not in ("experiment", "run_dir", "resume")}
+    branch = tool_call(
+        "nitro_train",
+        {"experiment": args["experiment"], "run_dir": args["run_dir"], "weights": weights, **rest},
+    )
+    if dropped:
+        held = ", ".join(f"{k}={recorded[k]!r}" for k in dropped)
+        raise ResumeRefused(
+            f"resume={resume!r} cannot continue {what} exactly: its recorded config holds "
+            f"{held}, which {cls.__name__} no longer has. Start a new run from its weights: "
+            f"{branch}."
+        )
+    changes = "; ".join(
+        f"{k}: {recorded[k]!r} (record) -> {built[k]!r} (call)"
+        if k in recorded
+        else f"{k}: not in the record -> {built[k]!r} (call)"
+        for k in plain
+    )
+    kept = {k: v for k, v in (overrides or {}).items() if k not in plain}
+    again = tool_call("nitro_train", train_arguments(**{**args, "overrides": kept}))
+    raise ResumeRefused(
+        f"resume={resume!r} continues {what} under its recorded config; overrides may change "
+        f"only Host fields ({', '.join(sorted(host)) or 'none'}), and these change plain "
+        f"fields: {changes}. Drop overrides={value(plain)} to resume: {again}, or start a new run "
+        f"from its weights: {branch}."
+    )
+
+
+def check_something_to_train(point: ResumePoint, exp: Experiment, args: dict[str, Any]) -> None:
+    """Refuse a resume whose record already reached the max_epochs the job would run to."""
+    epoch = int(point.meta.get("epoch", 0))
+    if epoch >= exp.max_epochs:
+        raise ConfigError(
+            nothing_to_train(args, str(point.meta.get("run", "?")), epoch, exp.max_epochs)
+        )
+
+
+def busy_job(jobs: JobManager, where: Path) -> JobStatus | None:
+    """The newest queued or running train job of ``where``, if any."""
+    target = where.resolve()
+    for status in jobs.live():  # the queued and running jobs, newest first
+        if (
+            status.kind == "train"
+            and status.state in ("queued", "running")
+            and Path(status.run_dir).resolve() == target
+        ):
+            return status
+    return None
+
+
+def refuse_busy(job: JobStatus, args: dict[str, Any]) -> ConfigError:
+    """The refusal of a second train job on a run directory ``job`` trains."""
+    at = f", epoch {job.epoch} of {job.max_epochs}" if job.max_epochs else ""
+    queued = tool_call("nitro_train", train_arguments(**{**args, "after_running": True}))
+    return ConfigError(
+        f"run_dir={args['run_dir']!r} is already being trained by job {job.job_id} "
+        f"({job.state}{at}); a second job there would train beside it. Follow that job with "
+        f"nitro_status(job_id='{job.job_id}', wait_s=25), stop it with "
+        f"nitro_stop(job_id='{job.job_id}'), or start this one when it ends: {queued}."
+    )
+
+
+def average_experiment(
+    experiment: str | None, source: Source, where: Path, registry: Mapping[str, Any], run_dir: str
+) -> str:
+    """The experiment an average is validated in: the one named, else the one its state
+    record was written by, when that is registered."""
+    if experiment is not None:
+        return experiment
+    written = record_config(source, where).experiment
+    name = written.rsplit(".", 1)[-1] if written else None
+    if name is not None and name in registry:
+        return name
+    example = tool_call(
+        "average",
+        {"run_dir": run_dir, "source": str(source), "validate": True, "experiment": "<name>"},
+    )
+    raise ConfigError(
+        f"validate=true needs experiment=, the registered experiment the average is loaded "
+        f"into; its record names {written!r}, which is not registered. nitro_experiments lists "
+        f"them: {example}."
+    )
+
+
+def refuse_unused(
+    run_dir: str, source: str, overrides: Mapping[str, Any] | None, split: str
+) -> None:
+    """Refuse ``overrides`` or ``split`` on an average that is not validated (they would do
+    nothing)."""
+    given = {k: v for k, v in (("overrides", overrides), ("split", split)) if v and v != "val"}
+    if given:
+        call = tool_call(
+            "average", {"run_dir": run_dir, "source": source, "validate": True, **given}
+        )
+        shown = ", ".join(f"{k}={value(v)}" for k, v in given.items())
+        raise ConfigError(
+            f"{shown} apply only to the validation of the average; add validate=true: {call}, "
+            f"or drop {' and '.join(given)}."
+        )
+
+
+def warnings_of(notes: list[str], result: Mapping[str, Any]) -> list[str]:
+    """The call's config warnings, then the job's own, without repeats (bounded)."""
+    texts = list(dict.fromkeys([*notes, *(result.get("warnings") or [])]))[:WARNINGS_MAX]
+    return [t if len(t) <= WARNING_CHARS else t[: WARNING_CHARS - 3] + "..." for t in texts]
