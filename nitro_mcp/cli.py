@@ -17,7 +17,8 @@ from typing import Any
 
 from nitro_core.errors import NitroError
 
-_BULKY = ("rng", "optimizer", "history", "layout", "scheduler", "plateau", "logger")
+_BULKY: tuple[str, ...] = ("rng", "optimizer", "history", "layout", "scheduler", "plateau")
+_BULKY += ("logger", "position", "data")  # position, data: a mid-epoch record's place
 
 
 def _parser() -> argparse.ArgumentParser:

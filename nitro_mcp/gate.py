@@ -46,7 +46,7 @@ OVERRIDE_MAX = 1000  # characters in the repr of one override value
 LOG_TAIL = 3000
 HEADER_MAX = 6000  # characters of a record's header in a reply (cut by replies.shrink)
 AVERAGED_FROM_MAX = 2000  # and of what an average was made of
-_BULKY = ("rng", "optimizer", "history", "scheduler", "plateau")
+_BULKY = ("rng", "optimizer", "history", "scheduler", "plateau", "position", "data")
 
 
 class Gate:

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
+import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,6 +45,7 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
 _PLACEHOLDER_SHA = "0" * 64
+WRITER_NICENESS = 10  # added to the writer thread's nice value (Linux)
 
 
 def record_name(
@@ -59,6 +63,17 @@ def record_name(
     if score is not None and metric is not None:
         name += f"-{metric}={score:.6g}"
     return (f"{prefix}-" if prefix else "") + name + SUFFIX
+
+
+def _yield_to_training() -> None:
+    """Lower the writer thread's CPU priority (and its hashing threads', which inherit it):
+    where training keeps every core busy (a CPU run), the write takes the cycles training
+    leaves; where it does not (a GPU run), nothing changes. Best effort: Linux only."""
+    if hasattr(os, "setpriority") and sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+        except OSError:
+            pass
 
 
 class CheckpointWriter:
@@ -141,7 +156,9 @@ class CheckpointWriter:
         if self._copier is None:
             return job(*args)
         if self._thread is None:
-            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nitro-writer")
+            self._thread = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="nitro-writer", initializer=_yield_to_training
+            )
         self._pending, self._pending_what = self._thread.submit(job, *args), what
         return None
 

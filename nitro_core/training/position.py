@@ -96,9 +96,14 @@ def reopen(
         split.load_state_dict(position.data)
         batches = iter(split)
     else:
+        why = (
+            "the record holds no state of the train split (it was written by one without "
+            "state_dict()/load_state_dict())"
+            if stateful(split)
+            else f"the train split ({type(split).__name__}) has no state_dict()/load_state_dict()"
+        )
         warnings.warn(
-            f"Resuming mid-epoch: the train split ({type(split).__name__}) has no "
-            "state_dict()/load_state_dict(), so its first "
+            f"Resuming mid-epoch: {why}, so its first "
             f"{position.batch} batches of epoch {epoch} are replayed from the epoch's start "
             "(read again and skipped, as long as reading them took; the model does not run) "
             "to reach the record's place. Return a split that can say where it is from "

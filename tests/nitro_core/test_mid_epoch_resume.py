@@ -117,6 +117,21 @@ def test_tensor_batches_resume_reads_no_batch_twice(tmp_path, monkeypatch):
     assert yielded.count(True) == (8 - 7) + 8  # the rest of epoch 2, then epoch 3
 
 
+@pytest.mark.parametrize("split", ["tensor", "plain"])
+def test_the_same_handle_continues_an_epoch_it_stopped_in(tmp_path, split):
+    a = Nitro(Steps(split=split), run_dir=tmp_path / "a").train()
+    b = Nitro(Steps(split=split), run_dir=tmp_path / "b")
+    stop_at_step(b, 12)
+    b.train()
+    assert (b.epoch, b.batch, b.stop_reason) == (2, 4, "requested")
+    torch.randn(3)  # a draw between the two calls moves nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NitroWarning)  # the plain split is replayed
+        b.train()
+    assert b.stop_reason == "completed"
+    assert_same_run(a, b)
+
+
 @needs_torchdata
 @pytest.mark.parametrize("split", ["stateful0", "stateful2"])
 def test_a_stateful_dataloader_resumes_mid_epoch_bit_for_bit(tmp_path, split):
