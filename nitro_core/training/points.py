@@ -76,8 +76,11 @@ def run_epoch(n: Nitro, hooks: StepHooks, on_point: OnPoint | None) -> None:
     )  # fmt: skip
     hooks.point = None  # the epoch's iterator (and a loader's workers) ends with it
     if epoch.cursor.stopped:  # a later train() of this handle continues the epoch from here
-        split = n.data["train"]
-        data = split.state_dict() if position.stateful(split) else None
+        split, epoch.batches = n.data["train"], iter(())
+        data = None
+        if position.stateful(split):
+            data = split.state_dict()
+            split.load_state_dict(data)  # drops its live iterator (a loader's workers) now
         assert epoch.start_rng is not None  # a mid-epoch point implies every_steps
         cursor = epoch.cursor
         n._position = position.Position(cursor.batches, cursor.loss_sum, epoch.start_rng, data)

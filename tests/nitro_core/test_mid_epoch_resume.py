@@ -196,6 +196,34 @@ def test_tensor_batches_state_continues_its_pass_and_draws_like_before():
     assert len(list(other)) == 4  # the next pass is a whole one
 
 
+def test_a_child_forked_while_a_run_trains_does_not_hold_its_lock(tmp_path):
+    """DataLoader workers are forked while train() holds the run's lock: were the lock
+    theirs too, a resume after a crash would be refused while they linger."""
+    import os
+    import signal
+    import time
+
+    from nitro_core.store.claims import run_lock
+
+    started, child_end = os.pipe()
+    with run_lock(tmp_path, "r1") as mine:
+        assert mine
+        pid = os.fork()
+        if pid == 0:  # the child: a worker that outlives its parent's lock
+            os.write(child_end, b"x")  # fork() has returned here: its handlers ran
+            time.sleep(30)
+            os._exit(0)
+        assert os.read(started, 1) == b"x"
+    os.close(started)
+    os.close(child_end)
+    try:
+        with run_lock(tmp_path, "r1") as again:
+            assert again, "the forked child still holds the run's lock"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 # -- SIGKILL at random moments, resume='auto' each time ------------------------------------
 POINTS_WORKER = Path(__file__).with_name("_points_worker.py")
 
