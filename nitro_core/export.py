@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from nitro_core.averaging import average
-from nitro_core.errors import ConfigError
-from nitro_core.sources.grammar import Average, Pair, PathSource, to_source
-from nitro_core.sources.resolve import resolve
+from nitro_core.sources.grammar import Average, Pair
+from nitro_core.sources.resolve import resolve_in
 from nitro_core.state.loading import read
 from nitro_core.state.records import FORMAT_VERSION, framework_version, to_host
-from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
 
@@ -59,16 +57,13 @@ def export_weights(
 def _from_source(
     source: Any, run_dir: str | Path | None
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    src = to_source(source, "source")
-    if run_dir is None:
-        if not isinstance(src, PathSource):
-            raise ConfigError(
-                f"export_weights({str(src)!r}, ...) needs run_dir= to find the run; write "
-                f"export_weights({str(src)!r}, path, run_dir='runs/MyExp')."
-            )
-        run_dir = Path(src.path).parent
-    run_dir = Path(run_dir)
-    resolved = resolve(src, run_dir, manifest.read_manifest(run_dir))
+    src, resolved = resolve_in(
+        source,
+        run_dir,
+        "export_weights({src}, ...)",
+        "export_weights({src}, path, run_dir='runs/MyExp')",
+    )
+    run_dir = resolved.path.parent if run_dir is None else Path(run_dir)
     averaged_from: dict[str, Any] | None
     if isinstance(src, Pair) and isinstance(src.pick, Average):
         result = average(resolved, run_dir)

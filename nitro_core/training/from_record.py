@@ -21,11 +21,9 @@ from typing import Any, TypeVar
 
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
-from nitro_core.errors import ConfigError, NitroWarning
+from nitro_core.errors import NitroWarning
 from nitro_core.experiment import Experiment, config_of
-from nitro_core.sources.grammar import PathSource, to_source
-from nitro_core.sources.resolve import resolve
-from nitro_core.store import manifest
+from nitro_core.sources.resolve import resolve_in
 from nitro_core.store import recordio as store
 
 E = TypeVar("E", bound=Experiment)
@@ -43,16 +41,12 @@ class RecordConfig:
 def record_config(source: Any, run_dir: str | Path | None = None) -> RecordConfig:
     """The recorded config of the record ``source`` names in ``run_dir`` (for an
     ``Average``, the state record it resolves to). A path needs no ``run_dir``."""
-    src = to_source(source, "source")
-    if run_dir is None:
-        if not isinstance(src, PathSource):
-            raise ConfigError(
-                f"experiment_from_record(cls, {str(src)!r}) needs run_dir= to find the run; write "
-                f"experiment_from_record(cls, {str(src)!r}, run_dir='runs/MyExp')."
-            )
-        run_dir = Path(src.path).parent
-    run_dir = Path(run_dir)
-    found = resolve(src, run_dir, manifest.read_manifest(run_dir))
+    _, found = resolve_in(
+        source,
+        run_dir,
+        "experiment_from_record(cls, {src})",
+        "experiment_from_record(cls, {src}, run_dir='runs/MyExp')",
+    )
     meta = store.read_header(found.path)
     config = meta.get("config")
     return RecordConfig(

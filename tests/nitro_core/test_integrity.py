@@ -288,3 +288,13 @@ def test_a_resume_checks_its_record_against_the_manifest_sha256(tmp_path):
         Nitro(KeepLast(), run_dir=tmp_path, resume="auto")
     assert str(latest) in str(exc.value)
     assert "the manifest recorded ffffffffffffffff..." in str(exc.value)
+
+
+def test_an_export_from_a_pair_without_run_dir_says_what_to_write(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        export_weights("latest => best", tmp_path / "w.safetensors")
+    assert str(exc.value) == (
+        "export_weights('latest => best', ...) needs run_dir= to find the run; write "
+        "export_weights('latest => best', path, run_dir='runs/MyExp')."
+    )
+    assert not (tmp_path / "w.safetensors").exists()

@@ -18,6 +18,7 @@ from nitro_core import Nitro, NitroWarning, ResumeRefused, TensorBatches, read_m
 from nitro_core.store.recordio import read_header
 
 from .steps import Steps, stop_at_step
+from .test_resume import assert_same_state
 
 HAS_TORCHDATA = importlib.util.find_spec("torchdata") is not None
 needs_torchdata = pytest.mark.skipif(not HAS_TORCHDATA, reason="pip install torchdata>=0.11")
@@ -25,15 +26,7 @@ needs_torchdata = pytest.mark.skipif(not HAS_TORCHDATA, reason="pip install torc
 
 def assert_same_run(a: Nitro, c: Nitro) -> None:
     """Parameters, optimizer, schedule, step, generators and history rows (but seconds)."""
-    sa, sc = a.model.state_dict(), c.model.state_dict()
-    assert sa.keys() == sc.keys()
-    for k in sa:
-        assert torch.equal(sa[k], sc[k]), k
-    oa, oc = a.optimizer.state_dict(), c.optimizer.state_dict()
-    assert oa["param_groups"] == oc["param_groups"]
-    for i in oa["state"]:
-        for k in oa["state"][i]:
-            assert torch.equal(oa["state"][i][k], oc["state"][i][k]), (i, k)
+    assert_same_state(a, c)  # parameters, optimizer, step, epoch, validation rows
     assert a.scheduler.state_dict() == c.scheduler.state_dict()
     assert (a.step, a.epoch, a.batch) == (c.step, c.epoch, c.batch)
     strip = [[{k: v for k, v in r.items() if k != "seconds"} for r in n.history] for n in (a, c)]
