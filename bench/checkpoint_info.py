@@ -1,6 +1,7 @@
 """Latency of ``nitro_core.checkpoint_info(path)`` on a ~1 GB record.
 
-Builds a realistic record: a 96-block MLP (Linear + LayerNorm: ~400 layout entries)
+Builds a realistic record: a ``--blocks``-block MLP (Linear + LayerNorm; 96 blocks: ~400
+layout entries, 1,500 tensors; 2,048 blocks: 24,600 tensors)
 sized so params + AdamW state fill ``--size-mb``, encoded by ``records.encode`` with a
 header like the handle's (config, history, RNG state, logger, ...), written with
 ``store.write_record``. Then times ``checkpoint_info`` (header bytes only) over ``--calls``
@@ -8,7 +9,11 @@ calls, interleaved with the baseline ``safetensors.safe_open(...).metadata()`` o
 file (and that plus ``json.loads`` of the nitro metadata, the same work as
 checkpoint_info). The page cache cannot be dropped, so these are warm-cache figures.
 
-Target: median checkpoint_info under 10 ms (the max is reported beside it).
+A record Nitro writes opens its header with its metadata and says how long its data is, so
+checkpoint_info parses the metadata alone, not the table of tensors.
+
+Targets: median checkpoint_info under 10 ms, and within 1.2x ``safe_open(...).metadata()``
+at any tensor count (issue 13).
 
 Run from the repository root:  python bench/checkpoint_info.py [--size-mb 1024] [--calls 50]
 """
@@ -32,19 +37,18 @@ from nitro_core import checkpoint_info
 from nitro_core.state import records, rng
 from nitro_core.store import recordio as store
 
-TARGET_MS = 10.0
-BLOCKS = 96
+TARGET_MS, TARGET_RATIO = 10.0, 1.2
 
 
-def write_big_record(path: Path, size_mb: int) -> tuple[int, int]:
+def write_big_record(path: Path, size_mb: int, blocks: int = 96) -> tuple[int, int]:
     """Write the record; returns (file bytes, tensor count)."""
-    # params + exp_avg + exp_avg_sq = 3 copies of BLOCKS * (d*d + 3d) float32 values
-    d = int(math.sqrt(size_mb * 2**20 / (3 * BLOCKS * 4)))
+    # params + exp_avg + exp_avg_sq = 3 copies of blocks * (d*d + 3d) float32 values
+    d = max(4, int(math.sqrt(size_mb * 2**20 / (3 * blocks * 4))))
     with torch.device("meta"):
         model = torch.nn.Sequential(
             *[
                 torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.LayerNorm(d))
-                for _ in range(BLOCKS)
+                for _ in range(blocks)
             ]
         )
     model = model.to_empty(device="cpu")
@@ -62,7 +66,7 @@ def write_big_record(path: Path, size_mb: int) -> tuple[int, int]:
     ]
     header = {
         "step": 20000, "epoch": 40, "seed": 0, "run": "bench001", "parent": None,
-        "experiment": "BigMLP", "config": {"width": d, "blocks": BLOCKS, "lr": 1e-3},
+        "experiment": "BigMLP", "config": {"width": d, "blocks": blocks, "lr": 1e-3},
         "host_fields": ["max_epochs"], "metrics": {"loss": 0.0275}, "metric": "loss",
         "mode": "min", "stop_reason": "completed", "history": history, "rng": rng_json,
         "logger": {"backend": "jsonl", "state": {"file": "bench001.jsonl", "offset": 9000}},
@@ -94,6 +98,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size-mb", type=int, default=1024)
     p.add_argument("--calls", type=int, default=50)
+    p.add_argument(
+        "--blocks", type=int, default=96, help="MLP blocks (4 tensors each, x3 with AdamW)"
+    )
     args = p.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="nitro-bench-"))
@@ -105,7 +112,7 @@ def main() -> None:
             )
         path = tmp / "big.safetensors"
         t0 = time.perf_counter()
-        size, count = write_big_record(path, args.size_mb)
+        size, count = write_big_record(path, args.size_mb, args.blocks)
         built = time.perf_counter() - t0
         with open(path, "rb") as f:
             header_kb = int.from_bytes(f.read(8), "little") / 1024
@@ -140,11 +147,11 @@ def main() -> None:
         print(f"{name:<25}{med[name]:>10.3f}{p90:>8.3f}{max(v):>8.3f}")
     ratio = med["checkpoint_info"] / med["safe_open+metadata()"]
     worst = max(times["checkpoint_info"])
-    verdict = "PASS" if med["checkpoint_info"] < TARGET_MS else "FAIL"
+    verdict = "PASS" if med["checkpoint_info"] < TARGET_MS and ratio <= TARGET_RATIO else "FAIL"
     print(
         f"RESULT checkpoint_info median {med['checkpoint_info']:.2f} ms = {ratio:.2f}x "
-        f"safe_open+metadata(); max {worst:.1f} ms ({'under' if worst < TARGET_MS else 'over'} "
-        f"{TARGET_MS:g} ms); target median < {TARGET_MS:g} ms {verdict}"
+        f"safe_open+metadata() (target <= {TARGET_RATIO}); max {worst:.1f} ms; target median "
+        f"< {TARGET_MS:g} ms {verdict}"
     )
 
 

@@ -5,7 +5,7 @@ The public names load lazily (PEP 562): ``import nitro_core`` and ``import
 nitro_core.errors`` import no torch; the first use of, say, ``nitro_core.Nitro`` imports
 the module that defines it. The layers, each importing only from the ones before it::
 
-    errors -> store/ -> policy/, sources/ -> state/ -> averaging, export, info, pruning
+    errors -> store/ -> policy/, sources/ -> state/ -> averaging, export, info, pruning, verification
            -> experiment, training/ -> examples/, registry -> jobs/
 """
 
@@ -62,6 +62,8 @@ _WHERE = {
     "TensorBoardLogger": "nitro_core.training.loggers",
     "EarlyStopping": "nitro_core.training.stopping",
     "Plateau": "nitro_core.training.stopping",
+    "Checked": "nitro_core.verification",
+    "verify": "nitro_core.verification",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads them
@@ -110,6 +112,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.training.loggers import TensorBoardLogger as TensorBoardLogger
     from nitro_core.training.stopping import EarlyStopping as EarlyStopping
     from nitro_core.training.stopping import Plateau as Plateau
+    from nitro_core.verification import Checked as Checked
+    from nitro_core.verification import verify as verify
 
 
 def __getattr__(name: str) -> Any:
@@ -129,6 +133,7 @@ __all__ = [
     "Average",
     "Averaged",
     "Best",
+    "Checked",
     "CheckpointCorrupt",
     "CheckpointMissing",
     "CheckpointNotFound",
@@ -172,4 +177,5 @@ __all__ = [
     "parse_source",
     "read_manifest",
     "runs",
+    "verify",
 ]

@@ -2,8 +2,14 @@
 provenance, and the averaged record written outside any manifest. (What an ``Average``
 names is decided in ``sources``; loading an average into a handle is ``training.restore``.)
 
-Records are read one at a time into a float64 accumulator, so memory holds one tensor of
-one record and the sum, never all records. The mean is cast back to each tensor's own
+Records are read side by side (up to 16 at once) into a float64 accumulator, 1 MiB of each
+at a time from their mapped pages: memory holds the sum, a few MiB of the records, and what
+the record that supplies the layer state supplies; never a whole record. Each slice of the
+sum is added into while it is in the cache, once per record, so the sum is read and written
+once per group rather than once per record. Only the parameter (and EMA) sections of each
+record are read and verified, never its optimizer state; the kernel is kept reading ahead
+of each. The hashing and the sum both run on the calling thread: averaging adds no thread to
+the caller's, so nothing contends for cores with torch's threads. The mean is cast back to each tensor's own
 dtype. Integer and boolean tensors are never averaged, and layer state (buffers) is not
 averaged either: both come from the record that supplies the state (the best picked when
 the selector ranks, else the latest, or as ``state=`` says). Tied parameters are averaged
@@ -12,10 +18,12 @@ once. Uniform weights.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from nitro_core.errors import CheckpointCorrupt, ConfigError
@@ -30,6 +38,8 @@ from nitro_core.state.records import (
 from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
+from nitro_core.store.manifest import ManifestEntry
+from nitro_core.store.reader import Tensor
 
 
 # -- the streaming mean -----------------------------------------------------------------------------
@@ -57,36 +67,32 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
             "picked record must. Drop load_ema to average their parameters."
         )
     targets = {f"params/{k}" for k in params} | ({f"ema/{k}" for k in params} if has_ema else set())
+    averaged = {"params", "ema"} if has_ema else {"params"}  # the sections read of every record
     sums: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     kept: dict[str, torch.Tensor] = {}  # what the state record supplies as it is
-    scratch: dict[torch.dtype, torch.Tensor] = {}
-    for i, e in enumerate(picked):
-        if i + 1 < len(picked):
-            store.prefetch(run_dir / picked[i + 1].file)  # its disk time overlaps this one's work
-        is_state = e.file == resolved.path.name
-        seen: set[str] = set()
-
-        def want(name: str, is_state: bool = is_state) -> bool:
-            return name in targets or (
-                is_state and name.startswith(("params/", "buffers/", "ema/"))
-            )
-
-        for name, shape, first, piece in store.stream_chunks(run_dir / e.file, e.sha256, want):
-            seen.add(name)
-            if name in targets and piece.is_floating_point():
-                _accumulate(sums, dtypes, scratch, name, shape, first, piece)
-            elif is_state:  # counters and layer state, never averaged
-                whole = kept.setdefault(name, torch.empty(shape, dtype=piece.dtype))
-                whole.view(-1)[first : first + piece.numel()] = piece
-        if missing := targets - seen:
-            raise CheckpointCorrupt(
-                f"Checkpoint {str(run_dir / e.file)!r} lacks {sorted(missing)[0]!r}; the records "
-                f"picked for {resolved.source} do not share one layout."
-            )
+    for g, group in enumerate(_groups(picked)):
+        records = _open(run_dir, group)
+        try:
+            _check_layouts(records, averaged, targets, resolved)
+            states = [e.file == resolved.path.name for e in group]
+            for step in _lockstep([r.stream(averaged, _STEP) for r in records]):
+                t = step[0][0]
+                if t.name in targets and step[0][2].is_floating_point():
+                    pieces = [p for _, _, p in step]
+                    _accumulate(sums, dtypes, t.name, t.shape, step[0][1], pieces, fresh=g == 0)
+                elif any(states):  # counters: the state record's, never averaged
+                    _, first, piece = step[states.index(True)]
+                    whole = kept.setdefault(t.name, torch.empty(t.shape, dtype=piece.dtype))
+                    whole.view(-1)[first : first + piece.numel()] = piece
+            if any(states):  # layer state, never averaged
+                kept.update(records[states.index(True)].read({"buffers"}))
+        finally:
+            for r in records:
+                r.close()
     count = len(picked)
     for name in list(sums):  # cast back one tensor at a time, freeing its sum
-        kept[name] = sums.pop(name).div_(count).to(dtypes[name])
+        kept[name] = _mean(sums.pop(name), count, dtypes[name])
     state = state_dict_from(kept, layout)
     ema = state_dict_from(kept, layout, prefix="ema/") if has_ema else None
     averaged_from = {
@@ -102,26 +108,109 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
     return Averaged(state=state, ema=ema, meta=state_meta, averaged_from=averaged_from)
 
 
+_GROUP = 16  # records read side by side (each an open file)
+_STEP = 256 * 1024  # bytes of each record per step: the records' pieces and their sum stay cached
+
+
+def _groups(picked: Sequence[ManifestEntry]) -> list[list[ManifestEntry]]:
+    return [list(picked[i : i + _GROUP]) for i in range(0, len(picked), _GROUP)]
+
+
+def _open(run_dir: Path, group: list[ManifestEntry]) -> list[store.RecordFile]:
+    """The group's records opened, each header parsed once and checked against the manifest
+    (each reader keeps the kernel reading ahead of it)."""
+    records: list[store.RecordFile] = []
+    try:
+        for e in group:
+            records.append(store.open_record_file(run_dir / e.file, e.expected))
+    except BaseException:
+        for r in records:
+            r.close()
+        raise
+    return records
+
+
+def _check_layouts(
+    records: list[store.RecordFile], sections: set[str], targets: set[str], resolved: Resolved
+) -> None:
+    """Refuse records that lack a tensor to average, or whose averaged sections differ (a
+    tensor another shape or dtype, or one the others lack), naming the first such record."""
+    first: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
+    for record in records:
+        mine = {t.name: (t.shape, t.dtype) for t in record.tensors if t.section in sections}
+        if missing := targets - mine.keys():
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(record.path)!r} lacks {sorted(missing)[0]!r}; the records "
+                f"picked for {resolved.source} do not share one layout."
+            )
+        first = mine if first is None else first
+        if mine != first:
+            name = sorted(n for n in mine.keys() | first.keys() if mine.get(n) != first.get(n))[0]
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(record.path)!r} holds {name!r} as {_form(mine.get(name))}, the "
+                f"first record picked for {resolved.source} as {_form(first.get(name))}; they "
+                "do not share one layout."
+            )
+
+
+def _form(form: tuple[tuple[int, ...], torch.dtype] | None) -> str:
+    return "nothing" if form is None else f"{list(form[0])} {form[1]}"
+
+
+def _lockstep(
+    streams: list[Iterator[tuple[Tensor, int, torch.Tensor]]],
+) -> Iterator[list[tuple[Tensor, int, torch.Tensor]]]:
+    """The records' pieces side by side (the same tensor, the same elements), each stream run
+    to its end so every record's sections are verified."""
+    for step in zip(*streams, strict=True):
+        yield list(step)
+
+
+_NUMPY = (torch.float16, torch.float32, torch.float64)  # numpy adds these without a temporary
+_INLINE = 32768  # elements: under torch's grain size, an op runs on the calling thread alone
+
+
 def _accumulate(
     sums: dict[str, torch.Tensor],
     dtypes: dict[str, torch.dtype],
-    scratch: dict[torch.dtype, torch.Tensor],
     name: str,
-    shape: list[int],
+    shape: tuple[int, ...],
     first: int,
-    piece: torch.Tensor,
+    pieces: list[torch.Tensor],
+    fresh: bool,
 ) -> None:
-    """``sums[name][first:first+len(piece)] += piece`` in float64, converting through one
-    reused scratch buffer so that no temporary is allocated per piece."""
-    wide = torch.float64
+    """``sums[name][first:first+len(piece)] += piece`` in float64 for each record's piece of
+    the same elements, on the calling thread: the sum's slice stays in the cache while every
+    record is added into it (a memory-bound add gains little from more threads, and a
+    parallel region per piece would wait on any thread the machine's other work has
+    descheduled; the caller's torch threads are left to the caller). With ``fresh`` (the
+    first group of records) the slice is set from the first piece rather than zeroed first."""
     if name not in sums:
-        sums[name] = torch.zeros(shape, dtype=wide)
-        dtypes[name] = piece.dtype
-    if wide not in scratch or scratch[wide].numel() < piece.numel():
-        scratch[wide] = torch.empty(piece.numel(), dtype=wide)
-    converted = scratch[wide][: piece.numel()]
-    converted.copy_(piece)
-    sums[name].view(-1)[first : first + piece.numel()].add_(converted)
+        sums[name] = torch.empty(shape, dtype=torch.float64)
+        dtypes[name] = pieces[0].dtype
+    target = sums[name].view(-1)[first : first + pieces[0].numel()]
+    rest = pieces[1:] if fresh else pieces
+    if pieces[0].dtype in _NUMPY:  # numpy converts in small buffers as it adds
+        out = target.numpy()
+        if fresh:
+            np.copyto(out, pieces[0].numpy())
+        for piece in rest:
+            np.add(out, piece.numpy(), out=out)
+        return
+    for i in range(0, target.numel(), _INLINE):  # bfloat16, float8: torch, inline
+        if fresh:
+            target[i : i + _INLINE].copy_(pieces[0][i : i + _INLINE])
+        for piece in rest:
+            target[i : i + _INLINE].add_(piece[i : i + _INLINE])
+
+
+def _mean(total: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """``(total / count).to(dtype)``, in one pass where numpy has the dtype."""
+    if dtype not in _NUMPY:
+        return total.div_(count).to(dtype)
+    out = torch.empty(total.shape, dtype=dtype)
+    np.divide(total.numpy(), count, out=out.numpy(), casting="unsafe")
+    return out
 
 
 def _has_ema(path: Path) -> bool:

@@ -12,7 +12,7 @@ import torch
 from nitro_core.averaging import average
 from nitro_core.sources.grammar import Average, Pair
 from nitro_core.sources.resolve import resolve_in
-from nitro_core.state.loading import read
+from nitro_core.state.loading import WEIGHTS, read
 from nitro_core.state.records import FORMAT_VERSION, framework_version, to_host
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
@@ -69,7 +69,7 @@ def _from_source(
         result = average(resolved, run_dir)
         meta, state, averaged_from = result.meta, result.state, result.averaged_from
     else:
-        record = read(resolved)
+        record = read(resolved, WEIGHTS)  # the optimizer's bytes stay unread
         meta, state = record.meta, record.model_state()
         averaged_from = meta.get("averaged_from")
     return state, {

@@ -2,7 +2,7 @@
 
 ``nitro serve`` runs the MCP server (stdio, or ``--http`` on 127.0.0.1 with a bearer token);
 ``nitro demo`` drives it as an agent would; ``train``, ``validate``, ``average``, ``runs``,
-``manifest`` and ``info`` are for people at a terminal; ``schemas`` regenerates schemas/.
+``manifest``, ``info`` and ``verify`` are for people at a terminal; ``schemas`` regenerates schemas/.
 This is an edge of the program, so it prints; the libraries it calls never do.
 """
 
@@ -10,25 +10,47 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nitro_core._version import __version__
 from nitro_core.errors import NitroError
 
 _BULKY: tuple[str, ...] = ("rng", "optimizer", "history", "layout", "scheduler", "plateau")
 _BULKY += ("logger", "position", "data")  # position, data: a mid-epoch record's place
 
 
+# One example per command, shown under its --help (tests/nitro_mcp/test_cli_help.py parses each
+# and fails for a command that has none: a new command adds its line here).
+EXAMPLES = {
+    "serve": "nitro serve --root . --experiment-module experiments.py",
+    "demo": "nitro demo --epochs 3",
+    "train": "nitro train Classifier --set max_epochs=3",
+    "validate": 'nitro validate Classifier --weights "latest => best"',
+    "average": 'nitro average runs/Classifier --source "latest => Average(Last(3))" --save avg.safetensors',
+    "runs": "nitro runs runs/Classifier",
+    "manifest": "nitro manifest runs/Classifier",
+    "info": "nitro info runs/Classifier/epoch-0003-step-36-acc=0.8125.safetensors",
+    "verify": "nitro verify runs/Classifier",
+    "schemas": "nitro schemas --out schemas",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nitro",
         description="Nitro: trustworthy PyTorch checkpoints, and an MCP server for agents.",
+        epilog="example:\n  nitro demo\n\n`nitro COMMAND --help` says what a command does, with an example.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"nitro {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    serve = sub.add_parser("serve", help="run the MCP server that agents launch (stdio by default)")
     serve.add_argument(
         "--root", default=".", help="every path resolves inside this directory (default: .)"
     )
@@ -64,11 +86,25 @@ def _parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train an experiment in this process")
     _experiment_args(train)
     train.add_argument("--resume", default="false", help="'false', 'auto' or a source")
+    train.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes, launched through torch.distributed.run (default: 1)",
+    )
+    train.add_argument(
+        "--strategy",
+        choices=("auto", "ddp", "fsdp"),
+        default="auto",
+        help="several processes: 'auto' (DDP), 'ddp' or 'fsdp' (default: auto)",
+    )
     train.add_argument("--weights", help="a source whose parameters start a new run")
     train.add_argument(
         "--restore-best", default="false", help="'true', 'false' or 'Average(Last(10))'"
     )
-    train.add_argument("--seed", type=int)
+    train.add_argument(
+        "--seed", type=int, help="the run's seed (default: 0; a resume takes the record's)"
+    )
     train.add_argument(
         "--logger",
         choices=("jsonl", "tensorboard"),
@@ -76,36 +112,64 @@ def _parser() -> argparse.ArgumentParser:
         "tensorboard writes logs/tb/<run>/ beside the JSONL log",
     )
 
-    validate = sub.add_parser("validate", help="evaluate a checkpoint")
+    validate = sub.add_parser(
+        "validate", help="evaluate a checkpoint on a split and print its metrics"
+    )
     _experiment_args(validate)
     validate.add_argument(
         "--weights", default="latest => best", help="a source (default: %(default)s)"
     )
-    validate.add_argument("--split", default="val")
-    validate.add_argument("--load-ema", action="store_true")
+    validate.add_argument(
+        "--split", default="val", help="the split to evaluate (default: %(default)s)"
+    )
+    validate.add_argument(
+        "--load-ema", action="store_true", help="evaluate the record's EMA weights"
+    )
 
-    average = sub.add_parser("average", help="average checkpoints of a run")
-    average.add_argument("run_dir")
-    average.add_argument("--source", default="latest => Average(Last(10))")
+    average = sub.add_parser(
+        "average", help="average checkpoints of a run, optionally saving the result"
+    )
+    average.add_argument("run_dir", help="the run directory, e.g. runs/Classifier")
+    average.add_argument(
+        "--source",
+        default="latest => Average(Last(10))",
+        help="what to average (default: %(default)s)",
+    )
     average.add_argument("--save", help="write the average as a record here")
 
     runs_p = sub.add_parser("runs", help="list the runs and checkpoints a run directory holds")
-    runs_p.add_argument("run_dir")
+    runs_p.add_argument("run_dir", help="the run directory, e.g. runs/Classifier")
     man = sub.add_parser("manifest", help="print a run directory's manifest as JSON")
-    man.add_argument("run_dir")
+    man.add_argument("run_dir", help="the run directory, e.g. runs/Classifier")
     info = sub.add_parser("info", help="show a record's header without loading its tensors")
-    info.add_argument("file")
+    info.add_argument("file", help="a .safetensors record")
     info.add_argument(
         "--full", action="store_true", help="include RNG, optimizer, layout and history"
     )
+    verify = sub.add_parser(
+        "verify", help="check every byte of a record, or of a run directory's records"
+    )
+    verify.add_argument("path", help="a .safetensors record or a run directory")
     schemas = sub.add_parser("schemas", help="regenerate the JSON Schemas under schemas/")
-    schemas.add_argument("--out", default="schemas")
+    schemas.add_argument("--out", default="schemas", help="where to write (default: %(default)s)")
+    _describe(sub)
     return parser
+
+
+def _describe(sub: Any) -> None:
+    """Give each command's --help its one-line summary (the help shown in `nitro --help`) and
+    its example from EXAMPLES."""
+    summaries = {action.dest: action.help for action in sub._choices_actions}
+    for name, command in sub.choices.items():
+        command.description = summaries.get(name)
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        if name in EXAMPLES:
+            command.epilog = f"example:\n  {EXAMPLES[name]}"
 
 
 def _experiment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("experiment", help="a registered experiment name, e.g. Classifier")
-    p.add_argument("--run-dir")
+    p.add_argument("--run-dir", help="the run directory (default: runs/<experiment>)")
     p.add_argument(
         "--set",
         action="append",
@@ -113,11 +177,13 @@ def _experiment_args(p: argparse.ArgumentParser) -> None:
         metavar="FIELD=VALUE",
         help="override a config field (JSON value)",
     )
-    p.add_argument("--experiment-module", action="append", default=[], metavar="MODULE")
+    p.add_argument("--experiment-module", action="append", default=[], metavar="MODULE",
+                   help="also register the Experiment subclasses of MODULE (a dotted module or a .py file)")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # `train --nproc` relaunches it
     try:
         return _COMMANDS[args.command](args)
     except (NitroError, FileNotFoundError) as exc:
@@ -169,6 +235,12 @@ def _experiment(args: argparse.Namespace, from_record: Any = None) -> Any:
 def _train(args: argparse.Namespace) -> int:
     from nitro_core import Nitro  # lazy
 
+    if not 1 <= args.nproc <= 64:
+        print(f"nitro train: --nproc {args.nproc} is not 1 to 64; e.g. --nproc 2.", file=sys.stderr)
+        return 2
+    if args.nproc > 1 and "RANK" not in os.environ:  # launch the ranks, each running this
+        return _launch_ranks(args.nproc, args.argv)
+
     n = Nitro(
         _experiment(args),
         run_dir=args.run_dir,
@@ -177,14 +249,38 @@ def _train(args: argparse.Namespace) -> int:
         weights=args.weights,
         restore_best=args.restore_best,
         logger=args.logger,
+        strategy=args.strategy,
     )
-    n.train(
-        on_epoch=lambda row: print(
-            json.dumps({k: row[k] for k in ("epoch", "step", "train_loss", "val")})
-        )
-    )
-    print(f"run {n.run_id} in {n.run_dir}: {n.stop_reason} at epoch {n.epoch}")
+    main_rank = int(os.environ.get("RANK", "0")) == 0  # rank 0 prints for the job
+
+    def on_epoch(row: dict[str, Any]) -> None:
+        if main_rank:
+            print(json.dumps({k: row[k] for k in ("epoch", "step", "train_loss", "val")}))
+
+    n.train(on_epoch=on_epoch)
+    if main_rank:
+        print(f"run {n.run_id} in {n.run_dir}: {n.stop_reason} at epoch {n.epoch}")
+    n.close()
     return 0
+
+
+def _launch_ranks(nproc: int, argv: list[str]) -> int:
+    """``nitro train ... --nproc N``: the same command on N processes, through torch's own
+    launcher (each rank sees torchrun's environment and joins the group)."""
+    # the ranks need no --nproc (and torchrun's own parser would take it for --nproc-per-node)
+    rest, skip = [], False
+    for a in argv:
+        if skip or a.startswith("--nproc="):
+            skip = False
+            continue
+        skip = a == "--nproc"
+        if not skip:
+            rest.append(a)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={nproc}", "-m", "nitro_mcp.cli", *rest,
+    ]  # fmt: skip
+    return subprocess.run(command, check=False).returncode
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -267,6 +363,21 @@ def _schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from nitro_core.verification import verify  # lazy
+
+    checks = verify(args.path)
+    for c in checks:
+        where = "" if c.listed else "  (not in the manifest)"
+        if c.ok:
+            print(f"ok       {c.file}  {c.bytes} bytes: {', '.join(c.sections)}{where}")
+        else:
+            print(f"CORRUPT  {c.file}{where}: {c.problem}")
+    bad = sum(not c.ok for c in checks)
+    print(f"{len(checks)} record file(s) checked, {bad} corrupt")
+    return 1 if bad else 0
+
+
 _COMMANDS = {
     "serve": _serve,
     "demo": _demo,
@@ -276,6 +387,7 @@ _COMMANDS = {
     "runs": _runs,
     "manifest": _manifest,
     "info": _info,
+    "verify": _verify,
     "schemas": _schemas,
 }
 

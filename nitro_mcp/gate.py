@@ -31,6 +31,7 @@ from nitro_core.store import manifest
 from nitro_core.training.options import check_options
 from nitro_core.training.resume import latest_point, resume_from_source
 from nitro_core.training.setup import check_seed
+from nitro_core.verification import verify
 from nitro_mcp import catalog, following, models, observe, pruning, record_config
 from nitro_mcp.arguments import coerce_overrides, flag_text
 from nitro_mcp.echo import clip, clip_text
@@ -125,9 +126,11 @@ class Gate:
     def train(
         self, experiment: str, run_dir: str | None, resume: bool | str, weights: str | None, restore_best: bool | str,
         restore_optimizer: bool, strict: bool, seed: int | None, overrides: dict[str, Any] | None, device: str,
-        after_running: bool = False, logger: str | None = None,
+        after_running: bool = False, logger: str | None = None, nproc: int = 1,
+        strategy: str = "auto",
     ) -> models.JobHandle:  # fmt: skip
         resume, restore_best = flag_text(resume, "resume"), flag_text(restore_best, "restore_best")
+        _check_processes(nproc, strategy)
         cls = self._class(experiment, overrides)
         where = self._run_dir(run_dir, experiment)
         opts = check_options(resume, weights, restore_optimizer, restore_best, False, strict)
@@ -135,7 +138,7 @@ class Gate:
         args = train_arguments(
             experiment=experiment, run_dir=shown(self.root, where), resume=resume, weights=weights,
             restore_best=restore_best, restore_optimizer=restore_optimizer, strict=strict, seed=seed,
-            overrides=overrides or {}, device=device, logger=logger,
+            overrides=overrides or {}, device=device, logger=logger, nproc=nproc, strategy=strategy,
         )  # fmt: skip
         busy = record_config.busy_job(self.jobs, where)
         if busy is not None and not after_running:
@@ -164,7 +167,8 @@ class Gate:
             kind="train", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
             run_dir=str(where), seed=seed, resume=resume, weights=weights, restore_best=restore_best,
             restore_optimizer=restore_optimizer, strict=strict, device=device,
-            after=busy.job_id if busy is not None else None, logger=logger,
+            after=busy.job_id if busy is not None else None, logger=logger, nproc=nproc,
+            strategy=strategy,
         )  # fmt: skip
         behind = f"It starts when job {busy.job_id} ends. " if busy is not None else ""
         return self._handle(
@@ -404,6 +408,16 @@ class Gate:
             path=shown(self.root, where), header=shrink(header, HEADER_MAX)
         )
 
+    def verify(self, path: str) -> models.VerifyResult:
+        where = inside_root(self.root, path, "path")
+        checks = verify(where)
+        problems = [c for c in checks if not c.ok]
+        kept = fit(problems, 50) if problems else 0
+        return models.VerifyResult(
+            path=shown(self.root, where), checked=len(checks), ok=not problems,
+            problems=problems[:kept], more=len(problems) - kept,
+        )  # fmt: skip
+
     def experiments(self, name: str | None = None) -> models.ExperimentsResult:
         return experiments_listing(self.registry, self._experiment_splits, name)
 
@@ -592,3 +606,20 @@ def _elapsed(status: JobStatus) -> float | None:
 
 
 __all__ = ["Gate", "NitroError"]
+
+
+MAX_NPROC = 64
+
+
+def _check_processes(nproc: Any, strategy: Any) -> None:
+    """``nproc`` and ``strategy`` of ``nitro_train``, refused here with what to send."""
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or not 1 <= nproc <= MAX_NPROC:
+        raise ConfigError(
+            f"nproc={clip(nproc)} is not a process count; send an integer from 1 to {MAX_NPROC}, "
+            "e.g. nproc=2 (one process per GPU, or several on CPU with the gloo backend)."
+        )
+    if strategy not in ("auto", "ddp", "fsdp"):
+        raise ConfigError(
+            f"strategy={clip(strategy)} is not a strategy; send 'auto' (DDP when nproc > 1), "
+            "'ddp' or 'fsdp'."
+        )

@@ -14,6 +14,7 @@ from pydantic import (
 
 from nitro_core.jobs.files import JobKind, JobState, Phase
 from nitro_core.store.manifest import ManifestEntry
+from nitro_core.verification import Checked
 
 
 class _Model(BaseModel):
@@ -214,6 +215,16 @@ class CheckpointInfoResult(_Model):
 
     path: str
     header: dict[str, Any]
+
+
+class VerifyResult(_Model):
+    """``nitro_verify``: every byte of each record checked against its digests."""
+
+    path: str
+    checked: int = Field(description="Record files checked.")
+    ok: bool = Field(description="True when every one is intact.")
+    problems: list[Checked] = Field(description="The files that are not, within the reply budget.")
+    more: int = Field(default=0, description="Problems left out of this reply.")
 
 
 class FieldInfo(_Model):

@@ -191,6 +191,12 @@ def build_server(
                 "the experiment's logger(). A resume keeps the run's."
             ),
         ] = None,
+        nproc: Annotated[
+            int, Field(description="Processes (torch.distributed.run), e.g. one per GPU.")
+        ] = 1,
+        strategy: Annotated[
+            str, Field(description="'auto' (DDP when nproc > 1), 'ddp' or 'fsdp'.")
+        ] = "auto",
     ) -> models.JobHandle:
         return await _off_loop(
             gate.train,
@@ -206,6 +212,8 @@ def build_server(
             device,
             after_running,
             logger,
+            nproc,
+            strategy,
         )
 
     @server.tool(description="Evaluate a checkpoint on a split. Returns the metrics when the job ends within "
@@ -377,7 +385,7 @@ def build_server(
         return await _off_loop(gate.export, source, path, run_dir)
 
     @server.tool(description="The manifest of a run directory: one entry per kept checkpoint (file, epoch, "
-                 "step, score, metric, mode, stop_reason, run, parent, written, bytes, sha256). Paginated.")  # fmt: skip
+                 "step, score, metric, mode, stop_reason, run, parent, written, bytes, digest). Paginated.")  # fmt: skip
     @_tool_errors
     async def nitro_manifest(
         run_dir: Annotated[str, Field(description="A run directory inside the root.")],
@@ -395,6 +403,14 @@ def build_server(
         path: Annotated[str, Field(description="A .safetensors record inside the root.")],
     ) -> models.CheckpointInfoResult:
         return await _off_loop(gate.checkpoint_info, path)
+
+    @server.tool(description="Check every byte of a record, or of each record in a run directory, "
+                 "against its digests.")  # fmt: skip
+    @_tool_errors
+    async def nitro_verify(
+        path: Annotated[str, Field(description="A record or a run directory inside the root.")],
+    ) -> models.VerifyResult:
+        return await _off_loop(gate.verify, path)
 
     @server.tool(description="The registered experiments: config fields with types, defaults and Host marks "
                  "(Host fields may change on resume), splits, monitor; and each --experiment-module with its "

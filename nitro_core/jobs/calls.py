@@ -19,7 +19,7 @@ from nitro_core.jobs.files import JobSpec
 _TRAIN_DEFAULTS: dict[str, Any] = {
     "resume": "false", "weights": None, "restore_best": "false", "restore_optimizer": False,
     "strict": True, "seed": None, "overrides": {}, "device": "auto", "after_running": False,
-    "logger": None,
+    "logger": None, "nproc": 1, "strategy": "auto",
 }  # fmt: skip
 
 
@@ -66,6 +66,7 @@ def spec_train_arguments(spec: JobSpec, root: Path, **changes: Any) -> dict[str,
         "weights": spec.weights, "restore_best": spec.restore_best,
         "restore_optimizer": spec.restore_optimizer, "strict": spec.strict, "seed": spec.seed,
         "overrides": spec.overrides, "device": spec.device, "logger": spec.logger,
+        "nproc": spec.nproc, "strategy": spec.strategy,
     }  # fmt: skip
     return train_arguments(**{**args, **changes})
 

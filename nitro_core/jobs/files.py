@@ -56,6 +56,8 @@ class JobSpec(BaseModel):
     save: str | None = None
     validate_average: bool = False
     device: str = "auto"
+    nproc: int = Field(default=1, ge=1, le=64)  # processes, through torch.distributed.run
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
     logger: Literal["jsonl", "tensorboard"] | None = None  # None: the experiment's logger()
     after: str | None = None  # a job this one waits for: it stays queued until that one ends
     max_jobs: int = Field(default=2, ge=0)  # the submitting server's limit, for the worker's pump

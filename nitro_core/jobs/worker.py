@@ -28,6 +28,7 @@ from nitro_core.errors import (
     NitroError,
     NonFiniteLoss,
 )
+from nitro_core.jobs import ranks
 from nitro_core.jobs.calls import Failure, after_failure, nothing_to_train, spec_train_arguments
 from nitro_core.jobs.files import (
     EpochProgress,
@@ -51,6 +52,8 @@ WATCH_S = 0.25  # how often the stop watcher looks at the flags
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--rank"]:  # one rank of a several-process job (jobs.ranks)
+        return rank_main(args[1:])
     directory = Path(args[0])
     spec = read_spec(directory)
     logging.basicConfig(
@@ -64,13 +67,38 @@ def main(argv: list[str] | None = None) -> int:
         _pump_queue(directory, spec)
 
 
-def _main(spec: JobSpec, directory: Path, stop: _Stop) -> int:
-    me = update_status_if(
-        directory,
-        {"running"},
-        phase="starting",
-        pid=os.getpid(),
-        pid_start=process_start(os.getpid()),
+def rank_main(argv: list[str]) -> int:
+    """One rank of a several-process train job (``python -m nitro_core.jobs.worker --rank
+    <job_dir>``, launched by :mod:`nitro_core.jobs.ranks`): rank 0
+    reports as a worker does, the others train silently."""
+    directory = Path(argv[0])
+    spec = read_spec(directory)
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s"
+    )
+    stop = _Stop(directory)
+    signal.signal(signal.SIGTERM, stop.handle)
+    if int(os.environ.get("RANK", "0")) == 0:
+        return _main(spec, directory, stop, rank0=True)
+    stop.watch()
+    _run(spec, directory, stop, report=False)
+    return 0
+
+
+def _main(spec: JobSpec, directory: Path, stop: _Stop, rank0: bool = False) -> int:
+    """Run the job and record its end. ``rank0``: this is rank 0 of a job's
+    ``torch.distributed.run`` (:mod:`nitro_core.jobs.ranks`): the worker that launched the
+    ranks keeps its pid in the status (a forced stop kills its whole process group)."""
+    me = (
+        update_status_if(directory, {"running"}, phase="starting")
+        if rank0
+        else update_status_if(
+            directory,
+            {"running"},
+            phase="starting",
+            pid=os.getpid(),
+            pid_start=process_start(os.getpid()),
+        )
     )
     if me is None or me.stop_requested:  # stopped (or declared lost) before it could start
         if me is not None:
@@ -81,7 +109,10 @@ def _main(spec: JobSpec, directory: Path, stop: _Stop) -> int:
         warnings.simplefilter("always")
         try:
             append_event(directory, {"time": now_iso(), "event": "started"})  # a link: failed
-            result, state = _run(spec, directory, stop)
+            outcome = _run(spec, directory, stop, rank0=rank0)
+            if outcome is None:  # the ranks recorded the job's end themselves
+                return 0
+            result, state = outcome
         except _StoppedEarly:
             _end(directory, "stopped", phase="cancelled")
             return 0
@@ -194,8 +225,19 @@ def _resumed(spec: JobSpec, entries: list[Any]) -> str | None:
     return spec.resume
 
 
-def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], str]:
+def _run(
+    spec: JobSpec, directory: Path, stop: _Stop, rank0: bool = False, report: bool = True
+) -> tuple[dict[str, Any], str] | None:
+    """The job's work; returns (result, end state), or None when the ranks of a
+    several-process job recorded its end. ``report=False``: another rank than 0 of such a
+    job, which trains and writes nothing to the job's files."""
     from nitro_core import Nitro, average_checkpoints  # lazy: torch
+
+    if spec.kind == "train" and spec.nproc > 1 and not rank0 and report:
+        stop.check()
+        ranks.launch(spec, directory)
+        return None
+    status = update_status if report else _unreported
 
     if spec.kind != "train":  # _experiment named each field that differs from the record
         warnings.filterwarnings("ignore", r"weights from .* were trained under another config")
@@ -242,7 +284,7 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
     record = _resumed(spec, read_manifest(spec.run_dir))
     exp = _experiment(spec, record)  # a resume: the run's recorded config
     stop.check()
-    update_status(directory, phase="setup")
+    status(directory, phase="setup")
     n = Nitro(
         exp,
         run_dir=spec.run_dir,
@@ -254,6 +296,7 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
         strict=spec.strict,
         device=spec.device,
         logger=spec.logger,
+        strategy=spec.strategy,
     )
     if record is not None and n.epoch >= exp.max_epochs:
         raise ConfigError(  # queued behind another job, the run reached max_epochs meanwhile
@@ -263,7 +306,7 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
         )
     stop.check()  # before training: the run is left as it was
     stop.handle_ref = n
-    update_status(
+    status(
         directory,
         phase="training",
         run_id=n.run_id,
@@ -288,16 +331,18 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
             row["train_loss"],
             row["val"],
         )
-        update_status(
+        status(
             directory,
             epoch=row["epoch"],
             step=row["step"],
             last_loss=row["train_loss"],
             last_val=row["val"],
         )
-        append_event(directory, {"time": now_iso(), "event": "epoch", **row})
+        if report:
+            append_event(directory, {"time": now_iso(), "event": "epoch", **row})
 
-    n.train(on_epoch=on_epoch, on_progress=_progress_writer(directory))
+    n.train(on_epoch=on_epoch, on_progress=_progress_writer(directory) if report else None)
+    n.close()  # and the process group, when the handle made it
     kept = [e.model_dump() for e in read_manifest(n.run_dir) if e.run == n.run_id]
     result = {
         "run_id": n.run_id,
@@ -310,6 +355,10 @@ def _run(spec: JobSpec, directory: Path, stop: _Stop) -> tuple[dict[str, Any], s
         "checkpoint_source": str(n.checkpoint_source) if n.checkpoint_source else None,
     }
     return result, "stopped" if n.stop_reason == "requested" else "succeeded"
+
+
+def _unreported(directory: Path, **changes: Any) -> None:
+    """What another rank than 0 writes to the job's status: nothing."""
 
 
 def _progress_writer(directory: Path) -> Callable[[Snapshot], None]:

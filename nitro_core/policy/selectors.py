@@ -14,9 +14,9 @@ import itertools
 import math
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, TypeGuard, TypeVar, Union
+from typing import TYPE_CHECKING, Literal, Protocol, TypeGuard, TypeVar, Union, cast
 
 from nitro_core.errors import ConfigError, NitroDeprecationWarning
 
@@ -205,18 +205,33 @@ def ranked(entries: Sequence[_S], mode: Mode | None, k: int | None = None) -> li
     ties keep the earlier entry first. An unknown mode ranks nothing."""
     if mode is None:
         return []
-    scored = [
-        (i, e) for i, e in enumerate(entries) if e.score is not None and math.isfinite(e.score)
-    ]
-    sign = 1.0 if mode == "min" else -1.0
+    scores = [e.score for e in entries]
+    try:  # the common case, every score finite: rank them all, no filtering pass
+        every = math.isfinite(math.fsum(scores))  # type: ignore[arg-type]
+    except TypeError:  # an entry without a score
+        every = False
+    kept = range(len(scores)) if every else [
+        i for i, v in enumerate(scores) if v is not None and math.isfinite(v)
+    ]  # fmt: skip
+    keys = cast(list[float], [scores[i] for i in kept] if not every else scores)  # no None left
+    if mode == "max":
+        keys = [-v for v in keys]
+    key: Callable[[int], float] = keys.__getitem__
+    # floats compared directly (no tuple per entry), and a stable order keeps ties by index
+    if k is not None:
+        order: Sequence[int] = heapq.nsmallest(k, range(len(kept)), key=key)
+    elif len(keys) > _SORT_IN_NUMPY:
+        import numpy as np  # numpy's stable sort of a float array: a long ranking's cost
 
-    def key(ie: tuple[int, _S]) -> tuple[float, int]:
-        score = ie[1].score
-        assert score is not None  # only scored entries are ranked (filtered above)
-        return (sign * score, ie[0])
+        order = np.argsort(np.asarray(keys, dtype=np.float64), kind="stable").tolist()
+    else:
+        order = sorted(range(len(kept)), key=key)
+    if not every:
+        order = list(map(kept.__getitem__, order))
+    return list(map(entries.__getitem__, order))
 
-    best = heapq.nsmallest(k, scored, key=key) if k is not None else sorted(scored, key=key)
-    return [e for _, e in best]
+
+_SORT_IN_NUMPY = 4096  # scored entries past which a full ranking sorts in numpy
 
 
 @dataclass(frozen=True, init=False)

@@ -14,7 +14,8 @@ leading colon (``:latest``), and a text of more than ``MAX_LENGTH`` characters i
     option    = "state" "=" ("best" | "latest")
     range     = int ":" int
     vector    = "[" int { "," int } "]"
-    path      = any text ending in ".safetensors" (a file, relative to run_dir or absolute)
+    path      = any text ending in ".safetensors" (a file, relative to run_dir or absolute),
+                or in "/" (a record directory several processes wrote, e.g. "epoch-0003-step-36/")
     run_id    = letters, digits, "_" and "-", not a keyword
     quoted_string = '"' { any character but '"' } '"'  (or single quotes)
 
@@ -45,6 +46,7 @@ _EPOCH = f"an epoch number from 1 to {MAX_EPOCHS} (a run holds at most {MAX_EPOC
 _COUNT = f"a positive integer up to {MAX_COUNT} (the most records a selector picks)"
 _PERIOD = f"a period from 1 to {MAX_EPOCHS} epochs"
 PATH_SUFFIX = ".safetensors"
+DIRECTORY_SUFFIX = "/"  # a sharded record: a directory (never a file), named with a slash
 _KEYWORDS = {
     "latest",
     "all",
@@ -335,7 +337,7 @@ def parse_source(text: str) -> Source:
             "such as 'latest => best' or a path ending in .safetensors."
         )
     stripped = text.strip()
-    if stripped.endswith(PATH_SUFFIX) and "=>" not in stripped:
+    if stripped.endswith((PATH_SUFFIX, DIRECTORY_SUFFIX)) and "=>" not in stripped:
         return PathSource(stripped)
     if stripped.lstrip(":") in ("best", "latest"):
         word = stripped.lstrip(":")

@@ -20,7 +20,7 @@ from nitro_core.policy.retention import Pair as ScorePair
 from nitro_core.policy.selectors import Best, ranked
 from nitro_core.sources import selection
 from nitro_core.sources.grammar import Average, Pair, PathSource, Source, to_source
-from nitro_core.store import manifest
+from nitro_core.store import manifest, shards
 from nitro_core.store.manifest import ManifestEntry, Point
 from nitro_core.store.recordio import TMP_SUFFIX
 
@@ -197,12 +197,26 @@ def ranking_pair(pool: list[ManifestEntry], pair: ScorePair | None) -> ScorePair
 
 def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry]) -> Resolved:
     given = Path(source.path)
+    candidates = [given] if given.is_absolute() else [given, run_dir / given]
+    directory = next((p for p in candidates if shards.is_sharded(p)), None)
+    if directory is not None and not given.name.endswith(TMP_SUFFIX):  # a sharded record
+        home = directory.resolve().parent
+        listing = entries if home == run_dir.resolve() else manifest.read_manifest(home)
+        entry = next((e for e in listing if e.file == directory.name), None)
+        return Resolved(source, directory, entry)
+    if source.path.endswith("/") and not given.name.endswith(TMP_SUFFIX):
+        looked = " and ".join(repr(str(p)) for p in candidates)
+        raise CheckpointNotFound(
+            f"Record directory {source.path!r} not found (looked at {looked}; a sharded record "
+            f"is a directory holding header.json); {str(run_dir)!r} holds "
+            f"{manifest.describe_runs(entries)}. Write an existing record, or a pair such as "
+            "'latest => best'."
+        )
     if given.name.endswith(TMP_SUFFIX) or not given.name.endswith(".safetensors"):
         raise ConfigError(
             f"{source.path!r} is a partial file left by an interrupted write, never a checkpoint. "
             "Name a committed record instead (read_manifest lists them), e.g. 'latest => latest'."
         )
-    candidates = [given] if given.is_absolute() else [given, run_dir / given]
     for path in candidates:
         if path.is_file():
             break

@@ -77,15 +77,33 @@ class RecordHeader(BaseModel):
     scaler: Any = Field(
         default=None, description="The GradScaler's state (16-mixed precision), tree-encoded."
     )
+    distributed: dict[str, Any] | None = Field(
+        default=None,
+        description="The processes that wrote it: {'world': N, 'strategy': 'none' | 'ddp' | "
+        "'fsdp'} (absent in records written before it existed).",
+    )
+    ranks: dict[str, Any] | None = Field(
+        default=None,
+        description="Several processes: {'world': N, 'states': [rank 1's, ...]}, each rank's "
+        "generators (JSON part; tensors under rng/rank<r>/) and data position.",
+    )
     training_step: dict[str, Any] | None = Field(
         default=None,
         description="The step the record was trained with: precision, accumulate_grad_batches, "
         "gradient_clip_val, compile (a resume refuses a changed precision or accumulation).",
     )
+    integrity: dict[str, Any] | None = Field(
+        default=None,
+        description="The digest of each section of the data: {'algorithm': 'xxh3-128', "
+        "'data_bytes': N, 'sections': {'params': '<32 hex>', 'buffers': ..., 'optim': ..., "
+        "'ema': ..., 'rng': ...}}, each the xxh3-128 of the section's tensor bytes in file "
+        "order (a tensor's section: its name before the first '/'). Set by the writer; a reader "
+        "verifies the sections it reads, nitro verify all of them.",
+    )
     tensor_digest: str | None = Field(
         default=None,
         pattern=r"^sha256-8MiB-blocks:[0-9a-f]{64}$",
-        description="Digest of the data section (the tensor bytes in file order): sha256 over "
-        "the sha256 of each consecutive 8 MiB block. Set by the writer, checked by every load "
-        "of a record no manifest lists; absent in records written before it existed.",
+        description="Records written before 'integrity': sha256 over the sha256 of each "
+        "consecutive 8 MiB block of the data section, checked by a load of such a record that "
+        "no manifest lists.",
     )

@@ -1,11 +1,12 @@
-"""Reading a resolved record, and loading its tensors into live objects: parameters and layer state (strict or by
-name), an EMA's copy, and an optimizer's state under a fresh schedule. Every refusal names
-the leaf and both sizes."""
+"""Reading a resolved record (one header parse, only the sections asked for), and loading
+its tensors into live objects: parameters and layer state (strict or by name), an EMA's
+copy, and an optimizer's state under a fresh schedule. Every refusal names the leaf and
+both sizes."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -15,12 +16,16 @@ from nitro_core.sources.resolve import Resolved
 from nitro_core.state.records import Record
 from nitro_core.store import recordio as store
 
+WEIGHTS = ("params", "buffers", "ema", "tensors")  # the sections a weights load reads
 
-def read(resolved: Resolved) -> Record:
-    """A resolved record's header and tensors, checked against its manifest sha256 when
-    listed (else against the digest in its header)."""
+
+def read(resolved: Resolved, sections: Collection[str] | None = None) -> Record:
+    """A resolved record's header and tensors (those of ``sections``, or all: ``WEIGHTS``
+    for parameters, layer state and EMA, never the optimizer's bytes), made straight from
+    the file in one pass: the header is checked against the manifest's digest when the
+    record is listed, and each section read against the header's digest of it."""
     tensors, meta = store.read_record(
-        resolved.path, resolved.entry.sha256 if resolved.entry else None
+        resolved.path, resolved.entry.expected if resolved.entry else None, sections
     )
     return Record(meta=meta, tensors=tensors)
 

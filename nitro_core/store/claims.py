@@ -13,6 +13,7 @@ import errno
 import fcntl
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +43,11 @@ def tmp_path(path: Path) -> Path:
 
 
 def remove_file(path: Path) -> None:
-    """Delete a record the manifest no longer lists (already gone is fine)."""
+    """Delete a record the manifest no longer lists (already gone is fine); a record
+    directory (several processes wrote it) goes with its files."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -1,21 +1,46 @@
 """The manifest: which records a directory holds, and the lookups that read it alone.
 
-``manifest.json`` lists one :class:`ManifestEntry` per kept record, in commit order. A
-record counts only once the manifest lists it; lookups, selection, resume and retention
-read these entries and never open a record.
+``manifest.json`` lists one :class:`ManifestEntry` per kept record, in commit order; the
+changes committed since it was last rewritten sit in ``manifest.journal`` beside it
+(:mod:`nitro_core.store.journal`), and :func:`load` applies them, so a checkpoint's manifest
+change costs one appended line, not a rewrite of every entry. A record counts only once the
+manifest lists it; lookups, selection, resume and retention read these entries and never
+open a record.
+
+A process keeps the last manifest it read or wrote per directory, checked against both
+files' identity (device, inode, size, modification time) before each use: a checkpoint
+reads the manifest once, not once per step of its commit. A file modified within the
+file system's timestamp granularity of being read is checked by content instead (git's
+"racy" index rule).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+import xxhash
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from nitro_core.errors import CheckpointCorrupt
+from nitro_core.store import digest, journal
 from nitro_core.store import recordio as store
+from nitro_core.store.safeio import open_nofollow
 
 FORMAT: Final = "nitro-manifest/1"
 
@@ -30,6 +55,9 @@ def _finite(v: float | None) -> float | None:
 
 
 Score = Annotated[float | None, AfterValidator(_finite)]  # refused when read, as the spec says
+
+
+_NOT_RECORDS = (".tmp", ".stale", ".json", ".lock", ".jsonl", ".pt", ".bin")
 
 
 class ManifestEntry(BaseModel):
@@ -60,12 +88,41 @@ class ManifestEntry(BaseModel):
         description="The keep selectors of the run that wrote it, e.g. '(Best(3), Last(1))'.",
     )
     bytes: int = Field(ge=0)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    digest: str | None = Field(
+        default=None,
+        pattern=r"^xxh3-128-tree:[0-9a-f]{32}$",
+        description="The file's digest: xxh3-128 of its header bytes, whose integrity block "
+        "names the xxh3-128 of every section, so it covers every byte.",
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="The whole file's sha256, in entries written before 'digest'.",
+    )
+
+    @model_validator(mode="after")
+    def _has_a_digest(self) -> ManifestEntry:
+        if self.digest is None and self.sha256 is None:
+            raise ValueError(f"entry {self.file!r} has neither digest nor sha256")
+        return self
+
+    @property
+    def expected(self) -> str:
+        """What a reader checks the file against: ``xxh3-128-tree:<hex>``, or
+        ``sha256:<hex>`` for an entry written before."""
+        return self.digest if self.digest is not None else f"{digest.LEGACY_FILE}:{self.sha256}"
 
     @field_validator("file")
     @classmethod
     def _bare_name(cls, v: str) -> str:
-        if "/" in v or "\\" in v or v.startswith(".") or not v.endswith(".safetensors"):
+        # a record file, or a record directory (several processes wrote it: no suffix)
+        directory = not v.endswith(".safetensors") and not v.endswith(_NOT_RECORDS)
+        if (
+            "/" in v
+            or "\\" in v
+            or v.startswith(".")
+            or not (v.endswith(".safetensors") or directory)
+        ):
             raise ValueError(f"file {v!r} is not a bare record name in the run directory")
         return v
 
@@ -99,6 +156,9 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     format: Literal["nitro-manifest/1"] = FORMAT
+    journal: int = Field(
+        default=0, ge=0, description="The last manifest.journal change this document holds."
+    )
     entries: list[ManifestEntry] = Field(default_factory=list)
     points: dict[str, list[Point]] = Field(
         default_factory=dict,
@@ -108,8 +168,37 @@ class Manifest(BaseModel):
     def add_point(self, run: str, point: Point) -> None:
         """Record ``point``; points of ``run`` at or past its step belong to a timeline a
         resume replaced, and are dropped."""
-        mine = [p for p in self.points.get(run, []) if p.step < point.step]
-        self.points[run] = [*mine, point]
+        mine = self.points.setdefault(run, [])
+        if mine and mine[-1].step >= point.step:
+            mine[:] = [p for p in mine if p.step < point.step]
+        mine.append(point)
+
+    def apply(self, change: dict[str, Any]) -> None:
+        """Apply one journal change (entries added, files dropped, points passed)."""
+        self.entries.extend(ManifestEntry.model_validate(e) for e in change.get("add", ()))
+        if drop := set(change.get("drop", ())):
+            self.entries = [e for e in self.entries if e.file not in drop]
+        for run, point in change.get("points", ()):
+            self.add_point(run, Point.model_validate(point))
+        self.journal = change["seq"]
+
+    def copy_out(self) -> Manifest:
+        """A copy whose lists a caller may change."""
+        return Manifest.model_construct(
+            format=self.format,
+            journal=self.journal,
+            entries=list(self.entries),
+            points={run: list(points) for run, points in self.points.items()},
+        )
+
+    def to_json(self) -> bytes:
+        """The document ``manifest.json`` holds (an entry's absent digest is left out)."""
+        data = self.model_dump(mode="json")
+        for entry in data["entries"]:
+            for key in ("digest", "sha256"):
+                if entry[key] is None:
+                    del entry[key]
+        return json.dumps(data, indent=1, allow_nan=False).encode()
 
 
 _MANIFEST = TypeAdapter(Manifest)
@@ -121,26 +210,207 @@ def now_iso() -> str:
 
 def read_manifest(run_dir: str | Path) -> list[ManifestEntry]:
     """The entries of ``run_dir``'s manifest in commit order (empty when there is none)."""
-    return load(Path(run_dir)).entries
+    return list(_current(Path(run_dir)).state.entries)
+
+
+SMALL = 256 * 1024  # bytes: below this a change rewrites manifest.json (as cheap as a line)
+_RACY_NS = 50_000_000  # a file modified this close to being read is checked by content
+_KEEP = 16  # directories whose manifest a process keeps
+
+
+@dataclass
+class _Seen:
+    """What this process last read or wrote of one directory's manifest."""
+
+    base_key: tuple[int, ...] | None = None  # manifest.json's (dev, ino, size, mtime_ns)
+    base_hash: str = ""  # xxh3-128 of its bytes, for a racy check
+    base: Manifest = field(default_factory=Manifest)  # manifest.json alone
+    base_size: int = 0
+    journal_key: tuple[int, int] | None = None  # the journal's (dev, ino)
+    journal: journal.Journal = field(default_factory=journal.Journal)
+    journal_tail: bytes = b""  # the last bytes of its committed part, for a racy check
+    state: Manifest = field(default_factory=Manifest)  # base + the journal's later changes
+    checked_ns: int = 0
+
+
+# One entry per directory: the parsed manifest, reused while the files are unchanged.
+# Process-wide by nature (it saves re-parsing what this process already holds), bounded.
+_SEEN: dict[str, _Seen] = {}
 
 
 def load(run_dir: Path) -> Manifest:
-    data = store.load_manifest_bytes(Path(run_dir))
-    if data is None:
-        return Manifest()
+    """The manifest of ``run_dir`` (``manifest.json`` and its journal's later changes), as a
+    copy the caller may change."""
+    return _current(Path(run_dir)).state.copy_out()
+
+
+def _current(run_dir: Path) -> _Seen:
+    key = str(run_dir)
+    seen = _SEEN.pop(key, None) or _Seen()
+    _SEEN[key] = seen  # most recent last
+    while len(_SEEN) > _KEEP:
+        del _SEEN[next(iter(_SEEN))]
+    now = time.time_ns()
+    journal_changed = _refresh_journal(run_dir, seen, now)  # the journal first: see journal.py
+    base_changed = _refresh_base(run_dir, seen, now)
+    if base_changed or journal_changed:
+        state = seen.base.copy_out()
+        for change in seen.journal.changes:
+            if change["seq"] > state.journal:
+                try:
+                    state.apply(change)
+                except ValueError as exc:
+                    raise CheckpointCorrupt(
+                        f"Manifest journal {str(run_dir / journal.NAME)!r} holds an invalid "
+                        f"change {change.get('seq')}: {exc}. Restore it from a backup."
+                    ) from None
+        seen.state = state
+    seen.checked_ns = now
+    return seen
+
+
+def _racy(st: os.stat_result, seen: _Seen) -> bool:
+    return st.st_mtime_ns + _RACY_NS >= seen.checked_ns
+
+
+def _refresh_base(run_dir: Path, seen: _Seen, now: int) -> bool:
+    """Re-read ``manifest.json`` when it changed; returns whether it did."""
+    path = run_dir / store.MANIFEST_NAME
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except FileNotFoundError:
+        changed = seen.base_key is not None
+        seen.base_key, seen.base, seen.base_size = None, Manifest(), 0
+        return changed
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        if key == seen.base_key and not _racy(st, seen):
+            return False
+        data = f.read()
+    content = xxhash.xxh3_128_hexdigest(data)
+    if key == seen.base_key and content == seen.base_hash:
+        return False
+    seen.base = _parse(path, data)
+    seen.base_key, seen.base_hash, seen.base_size = key, content, len(data)
+    return True
+
+
+def _refresh_journal(run_dir: Path, seen: _Seen, now: int) -> bool:
+    """Read the journal's new lines; returns whether it changed."""
+    path = run_dir / journal.NAME
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except FileNotFoundError:
+        changed = seen.journal_key is not None
+        seen.journal_key, seen.journal, seen.journal_tail = None, journal.Journal(), b""
+        return changed
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        end, tail = seen.journal.end, seen.journal_tail
+        same = seen.journal_key == (st.st_dev, st.st_ino) and st.st_size >= end
+        if same and tail:  # lines are only ever appended; a hand edit shows in the last one
+            same = os.pread(f.fileno(), len(tail), end - len(tail)) == tail
+        if same and st.st_size == end:
+            return False
+        if same:
+            parsed = journal.parse(
+                os.pread(f.fileno(), st.st_size - end, end), path, _copied(seen.journal), end
+            )
+        else:
+            parsed = journal.parse(f.read(), path)
+        seen.journal_tail = os.pread(
+            f.fileno(), min(64, parsed.end), parsed.end - min(64, parsed.end)
+        )
+    changed = not same or parsed.end != end
+    seen.journal_key, seen.journal = (st.st_dev, st.st_ino), parsed
+    return changed
+
+
+def _copied(j: journal.Journal) -> journal.Journal:
+    return journal.Journal(after=j.after, changes=list(j.changes), end=j.end)
+
+
+def _parse(path: Path, data: bytes) -> Manifest:
     try:
         with store.paused_gc():
             return _MANIFEST.validate_json(data)
     except ValueError as exc:
         raise CheckpointCorrupt(
-            f"Manifest {str(run_dir / store.MANIFEST_NAME)!r} is not valid: {exc}. "
+            f"Manifest {str(path)!r} is not valid: {exc}. "
             "Restore it from a backup; the records beside it are intact."
         ) from None
 
 
 def save(run_dir: Path, manifest: Manifest) -> None:
-    """Write the manifest; the caller holds ``store.manifest_lock(run_dir)``."""
-    store.save_manifest_json(run_dir, manifest.model_dump(mode="json"))
+    """Rewrite ``manifest.json`` with ``manifest`` (a compaction: the journal is emptied);
+    the caller holds ``store.manifest_lock(run_dir)`` and loaded ``manifest`` under it."""
+    run_dir = Path(run_dir)
+    seen = _current(run_dir)
+    # the new document holds every change so far, so none is applied twice
+    state = manifest.copy_out()
+    state.journal = max(manifest.journal, seen.journal.last)
+    body = state.to_json()
+    store.save_manifest_bytes(run_dir, body)
+    st = os.stat(run_dir / store.MANIFEST_NAME, follow_symlinks=False)
+    seen.base_key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    seen.base_hash, seen.base_size = xxhash.xxh3_128_hexdigest(body), len(body)
+    seen.base, seen.state = state, state.copy_out()
+    if seen.journal_key is not None:
+        first = journal.reset(run_dir, state.journal)
+        st = os.stat(run_dir / journal.NAME, follow_symlinks=False)
+        seen.journal_key = (st.st_dev, st.st_ino)
+        seen.journal = journal.Journal(after=state.journal, end=len(first))
+        seen.journal_tail = first[-64:]
+
+
+def commit(
+    run_dir: Path,
+    add: Iterable[ManifestEntry] = (),
+    drop: Iterable[str] = (),
+    points: Iterable[tuple[str, Point]] = (),
+) -> Manifest:
+    """Commit one change: ``add`` entries, ``drop`` the entries of these files, record
+    ``points``; returns the manifest it makes. The caller holds ``store.manifest_lock``.
+    A small manifest is rewritten; a large one gets a journal line, and is rewritten once
+    the journal has grown to a quarter of it (the cost per change stays flat)."""
+    run_dir = Path(run_dir)
+    seen = _current(run_dir)
+    change = {
+        "add": [e.model_dump(mode="json") for e in add],
+        "drop": sorted(set(drop)),
+        "points": [[run, p.model_dump(mode="json")] for run, p in points],
+    }
+    state = seen.state.copy_out()
+    state.apply({"seq": seen.journal.last + 1, **change})
+    if seen.base_size + seen.journal.end < SMALL or seen.journal.end > seen.base_size // 4:
+        save(run_dir, state)
+        return state
+    if seen.journal.last < seen.base.journal:  # left by a compaction killed before its end
+        first = journal.reset(run_dir, seen.base.journal)
+        seen.journal = journal.Journal(after=seen.base.journal, end=len(first))
+        seen.journal_tail = first[-64:]
+    elif seen.journal_key is None or seen.journal.end == 0:  # a new journal after the document
+        seen.journal = journal.Journal(after=seen.base.journal)
+    written = journal.append(run_dir, seen.journal, change)
+    st = os.stat(run_dir / journal.NAME, follow_symlinks=False)
+    seen.journal_key = (st.st_dev, st.st_ino)
+    seen.journal_tail = (seen.journal_tail + written)[-64:]
+    seen.state = state.copy_out()
+    return state
+
+
+def compact(run_dir: Path) -> None:
+    """Fold the journal into ``manifest.json`` when it holds changes, taking the manifest
+    lock (the end of a run: ``manifest.json`` alone is then complete for tools that read only
+    it). Nothing happens, and no file is created, where there is no journal."""
+    run_dir = Path(run_dir)
+    if not os.path.lexists(run_dir / journal.NAME):
+        return
+    with store.manifest_lock(run_dir):
+        seen = _current(run_dir)
+        if seen.journal.changes:
+            save(run_dir, seen.state)
 
 
 def read_points(run_dir: str | Path) -> dict[str, list[Point]]:

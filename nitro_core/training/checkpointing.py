@@ -44,7 +44,7 @@ from nitro_core.store.manifest import ManifestEntry, StopReason
 log = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
-_PLACEHOLDER_SHA = "0" * 64
+_PLACEHOLDER_DIGEST = "xxh3-128-tree:" + "0" * 32
 WRITER_NICENESS = 10  # added to the writer thread's nice value (Linux)
 
 
@@ -63,6 +63,14 @@ def record_name(
     if score is not None and metric is not None:
         name += f"-{metric}={score:.6g}"
     return (f"{prefix}-" if prefix else "") + name + SUFFIX
+
+
+def _detached(meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` sharing nothing the training thread changes while a background write reads
+    it: a JSON copy, except the ``history``, whose list is copied but not its rows (a row
+    never changes once appended), so a point's cost does not grow with the run's points."""
+    copied = json.loads(json.dumps({k: v for k, v in meta.items() if k != "history"}))
+    return {k: list(v) if k == "history" else copied[k] for k, v in meta.items()}
 
 
 def _yield_to_training() -> None:
@@ -113,7 +121,7 @@ class CheckpointWriter:
             file=record_name(epoch, step, score, metric, self.ckpt.name, batch), epoch=epoch,
             batch=batch, step=step, score=score, metric=metric, mode=mode,
             stop_reason=stop_reason, run=self.run, parent=self.parent,
-            written=manifest.now_iso(), keep=str(self.ckpt), bytes=0, sha256=_PLACEHOLDER_SHA,
+            written=manifest.now_iso(), keep=str(self.ckpt), bytes=0, digest=_PLACEHOLDER_DIGEST,
         )  # fmt: skip
         point = manifest.Point(
             epoch=epoch, batch=batch, step=step, score=score, metric=metric, mode=mode
@@ -144,7 +152,7 @@ class CheckpointWriter:
             else:  # the training thread waits for the host copy only
                 tensors, meta = records.encode(snapshot(), leaf=self._copier)
                 self._copier.finish()
-                meta = json.loads(json.dumps(meta))  # no list the next point appends to
+                meta = _detached(meta)  # nothing the training thread changes later
         except BaseException:
             store.remove_file(store.tmp_path(reservation.path))  # no partial file outlives it
             reservation.release()
@@ -178,6 +186,7 @@ class CheckpointWriter:
         raising already) a failed write is logged instead of raised."""
         try:
             self.wait("The end of train()")
+            manifest.compact(self.directory)  # manifest.json alone lists every record again
         except Exception:
             if raise_error:
                 raise
@@ -192,9 +201,7 @@ class CheckpointWriter:
     def _add_point(self, point: manifest.Point) -> None:
         """Record a point no selector keeps: it still counts for Last/Best."""
         with store.manifest_lock(self.directory):
-            current = manifest.load(self.directory)
-            current.add_point(self.run, point)
-            manifest.save(self.directory, current)
+            manifest.commit(self.directory, points=[(self.run, point)])
 
     def _commit(
         self,
@@ -206,7 +213,7 @@ class CheckpointWriter:
     ) -> ManifestEntry | None:
         """Write the record, list it, apply retention; the reservation is released after."""
         try:
-            size, sha = store.write_record(reservation, tensors, meta)
+            size, digest = store.write_record(reservation, tensors, meta)
         except BaseException:
             store.remove_file(
                 store.tmp_path(reservation.path)
@@ -214,17 +221,17 @@ class CheckpointWriter:
             reservation.release()
             raise
         entry = entry.model_copy(
-            update={"bytes": size, "sha256": sha, "written": manifest.now_iso()}
+            update={"bytes": size, "digest": digest, "written": manifest.now_iso()}
         )
         try:
             with store.manifest_lock(self.directory):
                 current = manifest.load(self.directory)
                 current.entries.append(entry)
-                current.add_point(self.run, point)
                 plan = retention.plan(current.entries, self.ckpt, self.run, self.pair)
                 doomed = set(plan.delete)
-                current.entries = [e for e in current.entries if e.file not in doomed]
-                manifest.save(self.directory, current)
+                manifest.commit(
+                    self.directory, add=[entry], drop=doomed, points=[(self.run, point)]
+                )
                 # deleted under the lock: once unlisted, a name may be claimed by another writer
                 for file in plan.delete:
                     store.remove_file(self.directory / file)

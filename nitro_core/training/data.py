@@ -7,6 +7,13 @@ restored from its record, draws the same order the uninterrupted run would have.
 ``state_dict()`` says where the pass in progress stands (the generator state its order was
 drawn from, and the batches yielded) and ``load_state_dict()`` makes the next pass continue
 from there, so a mid-epoch resume costs O(1) instead of a replay of the epoch's batches.
+
+Under several processes (``torchrun``) the handle trains on :meth:`TensorBatches.shard`:
+like torch's ``DistributedSampler``, every rank draws the same order, pads it to a multiple
+of the world size with its first rows, and takes every ``world``-th row from its rank on,
+so every rank yields the same number of batches. After ``k`` batches per rank the ranks
+have consumed exactly the first ``k * batch_size * world`` rows of the order, which is what
+lets a mid-epoch position carry over to another world size.
 """
 
 from __future__ import annotations
@@ -42,9 +49,30 @@ class TensorBatches:
         self._order_rng: torch.Tensor | None = None  # the pass in progress drew its order here
         self._yielded = 0  # batches the pass in progress has yielded
         self._resume: tuple[int, torch.Tensor | None] | None = None  # set by load_state_dict
+        self.rank, self.world, self.pad = 0, 1, True  # this process's shard (see shard())
+
+    def shard(self, rank: int, world: int, pad: bool = True) -> TensorBatches:
+        """This rank's share of the batches (the same tensors, not copied): every
+        ``world``-th row of each pass's order, from row ``rank``. ``pad``: repeat the
+        order's first rows so that every rank yields as many batches (training, where the
+        ranks step together); without it the last ranks may get a row fewer (evaluation,
+        where each row must count once)."""
+        if not 0 <= rank < world:
+            raise ConfigError(f"TensorBatches.shard: rank {rank} is not in 0..{world - 1}.")
+        part = TensorBatches(self.tensors, self.batch_size, self.shuffle)
+        part.rank, part.world, part.pad = rank, world, pad
+        return part
+
+    def _rows(self) -> int:
+        """Rows this shard yields a pass."""
+        if self.world == 1:
+            return self.n
+        if self.pad:
+            return -(-self.n // self.world)
+        return len(range(self.rank, self.n, self.world))
 
     def __len__(self) -> int:
-        return -(-self.n // self.batch_size)
+        return -(-self._rows() // self.batch_size)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         start, rng_state = self._resume if self._resume is not None else (0, None)
@@ -58,7 +86,13 @@ class TensorBatches:
             rng_state = torch.get_rng_state()
             order = torch.randperm(self.n)
         self._order_rng, self._yielded = rng_state, start
-        for first in range(start * self.batch_size, self.n, self.batch_size):
+        if self.world > 1:  # this rank's rows of the (padded) order
+            rows = order if order is not None else torch.arange(self.n)
+            if self.pad and self.n % self.world:
+                extra = self.world - self.n % self.world
+                rows = torch.cat([rows, rows.repeat(-(-extra // self.n))[:extra]])
+            order = rows[self.rank :: self.world]
+        for first in range(start * self.batch_size, self._rows(), self.batch_size):
             if order is None:
                 batch = {k: t[first : first + self.batch_size] for k, t in self.tensors.items()}
             else:
@@ -70,7 +104,10 @@ class TensorBatches:
     def state_dict(self) -> dict[str, Any]:
         """Where the pass in progress stands: ``{"yielded": batches, "order_rng": the CPU
         generator state its order was drawn from (None unshuffled)}``."""
-        return {"yielded": self._yielded, "order_rng": self._order_rng}
+        state: dict[str, Any] = {"yielded": self._yielded, "order_rng": self._order_rng}
+        if self.world > 1:
+            state["world"] = self.world
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next pass continue the recorded one after its ``yielded`` batches (a
@@ -87,5 +124,9 @@ class TensorBatches:
                 "TensorBatches.load_state_dict: the state has no 'order_rng', but these batches "
                 "are shuffled; give the state_dict() of a TensorBatches with shuffle=True."
             )
+        world = state.get("world", 1)
+        if world != self.world and isinstance(world, int) and world > 0:
+            # the ranks had consumed the order's first yielded * batch_size * world rows
+            yielded = yielded * world // self.world
         done = yielded >= len(self)
         self._resume = None if done else (yielded, rng_state if self.shuffle else None)

@@ -26,9 +26,9 @@ from nitro_core.state.ema import EMA, EMATracker
 from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import StopReason
-from nitro_core.training import ranking, setup
+from nitro_core.training import distributed, ranking, setup, sharding
 from nitro_core.training.checkpointing import CheckpointWriter
-from nitro_core.training.loggers import choose_logger
+from nitro_core.training.loggers import MutedLogger, choose_logger
 from nitro_core.training.loop import StepHooks, evaluate
 from nitro_core.training.options import check_options
 from nitro_core.training.points import next_epoch, run_epoch
@@ -36,6 +36,7 @@ from nitro_core.training.position import Position
 from nitro_core.training.progress import Listener, Progress
 from nitro_core.training.restore import BestRestorer, load_weights, restore_full
 from nitro_core.training.resume import ResumePoint, latest_point, resume_from_source
+from nitro_core.training.sharded_save import ShardedWriter
 from nitro_core.training.step import Stepper, autocast, split_compiled, step_settings
 from nitro_core.training.stopping import EarlyStopper, EarlyStopping, Plateau
 
@@ -59,6 +60,11 @@ class Nitro:
     ``logger``: ``"jsonl"``, ``"tensorboard"`` or a logger instance, used instead of the
     experiment's ``logger()`` hook (None, the default, calls the hook); a resume needs the
     backend its record was written with.
+    ``strategy``: under ``torchrun`` (more than one process), ``"auto"`` and ``"ddp"`` train
+    with DistributedDataParallel and ``"fsdp"`` with FSDP2 (``fully_shard``); the handle
+    joins the process group (initializing it when the script did not), shards the data
+    splits across the ranks, reduces metrics over them, and writes records from rank 0
+    (:mod:`nitro_core.training.distributed`).
     """
 
     def __init__(
@@ -74,6 +80,7 @@ class Nitro:
         strict: bool = True,
         device: str | torch.device = "auto",
         logger: Any = None,
+        strategy: str = "auto",
     ) -> None:
         if not isinstance(experiment, Experiment):
             raise ConfigError(
@@ -90,7 +97,11 @@ class Nitro:
             )
         self.checkpointer: Checkpointer | None = ckpt
         self.run_dir = setup.resolve_run_dir(run_dir, ckpt, name)
-        self.device = setup.resolve_device(device)
+        chosen = setup.resolve_device(device)
+        # "auto" and "cuda" leave the GPU to the rank (cuda:LOCAL_RANK); "cuda:1" pins it
+        self.dist, self.device = distributed.join(
+            strategy, chosen, requested=chosen.index is not None
+        )
         self.step_settings = step_settings(experiment, self.device)
         self.options = check_options(
             resume, weights, restore_optimizer, restore_best, load_ema, strict
@@ -114,7 +125,10 @@ class Nitro:
             seed = point.seed
             point.check_environment(torch.get_num_threads(), self.device)
         self.seed = setup.check_seed(seed)
-        self.run_id = point.continue_run if point and point.continue_run else secrets.token_hex(4)
+        # every rank writes under rank 0's id
+        self.run_id = self.dist.broadcast(
+            point.continue_run if point and point.continue_run else secrets.token_hex(4)
+        )
         self.parent = point.parent if point else None
         self.checkpoint_source: Path | None = point.path if point else None
         self.averaged_from: dict[str, Any] | None = None
@@ -130,11 +144,15 @@ class Nitro:
 
         # build everything from the seed
         rng.seed_everything(self.seed)
-        self.data = setup.build_splits(experiment)
-        # records go through the uncompiled module; forward passes through the compiled one
-        self.model, self._forward_model = split_compiled(
-            experiment.build_model().to(self.device), self.step_settings.compile
+        self.data = sharding.shard_splits(
+            setup.build_splits(experiment), self.dist, self.seed, name
         )
+        # records go through the uncompiled module; forward passes through the compiled one,
+        # and training's through DDP when there is one (evaluation bypasses it: it syncs
+        # nothing, and ranks may evaluate unequal shares)
+        model = distributed.shard_model(experiment.build_model().to(self.device), self.dist)
+        self.model, self._eval_model = split_compiled(model, self.step_settings.compile)
+        self._forward_model = distributed.wrap(self.model, self._eval_model, self.dist)
         self.optimizer = experiment.build_optimizer(self.model)
         self.stepper = (
             None
@@ -163,10 +181,13 @@ class Nitro:
         self.early_stopper = EarlyStopper(early, mode) if early is not None else None
         self.plateau = plateau.build(self.optimizer, mode) if plateau is not None else None
         self.logger = choose_logger(experiment, logger)
+        if not self.dist.main:  # rank 0 logs for the run
+            self.logger = MutedLogger(self.logger.backend)
         self.step = 0
         self.epoch = 0
         self.batch: int | None = None  # batches of `epoch` consumed, at a mid-epoch point
         self._position: Position | None = None  # a mid-epoch record's, until train() starts
+        self._unstored_warned = False  # records cannot hold the train split's state_dict()
         self.history: list[dict[str, Any]] = []
         self.stop_reason: StopReason | None = None
         self._stop = threading.Event()
@@ -188,11 +209,13 @@ class Nitro:
         self.logger.open(
             self.run_dir, self.run_id, logger_state if point and point.continue_run else None
         )
-        self._writer = (
-            CheckpointWriter(self.run_dir, ckpt, self.run_id, self.ranking.pair, self.parent)
-            if ckpt is not None
-            else None
-        )
+        self._writer: CheckpointWriter | ShardedWriter | None = None
+        if ckpt is not None and self.dist.strategy == "fsdp":  # every rank writes its shards
+            self._writer = ShardedWriter(self)
+        elif ckpt is not None and self.dist.main:  # one process, or DDP's rank 0
+            self._writer = CheckpointWriter(
+                self.run_dir, ckpt, self.run_id, self.ranking.pair, self.parent
+            )
 
     def _resume_point(self, entries: list[manifest.ManifestEntry]) -> ResumePoint | None:
         resume = self.options.resume
@@ -226,7 +249,7 @@ class Nitro:
         self._progress.listener = on_progress
         hooks = StepHooks(self.scheduler, self.ema, self.anchor, self._progress)
         hooks.stepper = self.stepper
-        with store.run_lock(self.run_dir, self.run_id) as mine:
+        with setup.run_lock(self.run_dir, self.run_id, self.dist.main) as mine:
             if not mine:
                 raise TrainingRefused(
                     f"Run {self.run_id} in {str(self.run_dir)!r} is being trained by another process "
@@ -234,7 +257,8 @@ class Nitro:
                     "records. Wait for it to end, or start a separate run (resume='false', or "
                     "another run_dir)."
                 )
-            self._refuse_stale_point()
+            if self.dist.main:
+                self._refuse_stale_point()
             # the first train() starts where setup left off (a mid-epoch resume: once the
             # train split is positioned)
             if self._start_rng is not None and self._position is None:
@@ -280,8 +304,10 @@ class Nitro:
             )
 
     def close(self) -> None:
-        """Release the logger's file (``train()`` does this when it returns)."""
+        """Release the logger's file (``train()`` does this when it returns) and the process
+        group, when this handle made it."""
         self.logger.close()
+        self.dist.close()
 
     def __enter__(self) -> Nitro:
         return self
@@ -293,6 +319,7 @@ class Nitro:
         monitor = self.ranking.monitor
         value = metrics.get(monitor[0]) if monitor and metrics else None
         early = False
+        requested = self.dist.any(self._stop.is_set())  # every rank stops at the same point
         if value is not None:
             if self.plateau is not None:
                 self.plateau.step(value)
@@ -300,7 +327,7 @@ class Nitro:
                 early = self.early_stopper.update(value)
         if early:
             return "early_stop"
-        if self._stop.is_set():
+        if requested:
             return "requested"
         if self.batch is None and self.epoch >= self.experiment.max_epochs:
             return "completed"
@@ -330,10 +357,16 @@ class Nitro:
         # evaluation never moves the training trajectory; it runs in the training's precision
         with rng.isolated(), autocast(self.step_settings, self.device):
             return evaluate(
-                self.experiment, self._forward_model, self.data[split], self.device, split,
-                self.ranking.custom_metrics, self.ranking.with_loss,
-                self.experiment.finalize_metrics,
+                self.experiment, self._eval_model, self.data[split], self.device, split,
+                self.ranking.custom_metrics, self.ranking.with_loss, self._finalize,
             )  # fmt: skip
+
+    def _finalize(self, totals: dict[str, tuple[float, float]], split: str) -> dict[str, float]:
+        """The experiment's ``finalize_metrics`` of sums added up over the ranks (each rank
+        evaluated its share; under FSDP every rank evaluated all of it)."""
+        if self.dist.strategy == "ddp":
+            totals = self.dist.reduce_totals(totals)
+        return self.experiment.finalize_metrics(totals, split)
 
     # -- records --------------------------------------------------------------------------
     def _snapshot(self) -> records.Snapshot:
@@ -365,6 +398,7 @@ class Nitro:
             "w0_checksum": self.anchor.checksum if self.anchor else None,
             "loaded_from": str(self.checkpoint_source) if self.checkpoint_source else None,
             "averaged_from": self.averaged_from,
+            "distributed": {"world": self.dist.world, "strategy": self.dist.strategy},
             "environment": {
                 "torch": torch.__version__,
                 "num_threads": torch.get_num_threads(),

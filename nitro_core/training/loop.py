@@ -8,8 +8,9 @@ never inside the step itself.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,6 +21,8 @@ from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMATracker
 from nitro_core.training.progress import Progress
 from nitro_core.training.step import Stepper
+
+_END = object()  # the end of an epoch's batches
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -63,21 +66,32 @@ class StepHooks:
     progress: Progress | None = None
     every_steps: int | None = None  # a mid-epoch checkpoint point after every N optimizer steps
     point: Callable[[Cursor, int], bool] | None = None  # runs one; True: stop the epoch there
+    # what a look-ahead moves (generators, the split's position), captured before it: a
+    # split without a length is read one batch ahead at a point, to learn whether the epoch
+    # ends there (then its end is the point), and the point records the state before the read
+    hold: Callable[[], Any] | None = None
     stepper: Stepper | None = None  # None: the plain step (every training-step hook at its default)
+
+
+FOLD = 256  # losses a step keeps on the device before they are folded into Cursor.first_bad
 
 
 @dataclass
 class Cursor:
     """Where the epoch in progress stands: the batches consumed, the sum of their losses and
-    the batch of the first non-finite one (-1: none), both kept on the device so that a step
-    never waits for the host. A mid-epoch resume starts from the recorded cursor."""
+    the batch of the first non-finite one (-1: none), all kept on the device so that a step
+    never waits for the host. A step adds its loss to the sum and appends it to ``window``
+    (no other kernel); every ``FOLD`` steps, and at each point, the window is checked for a
+    non-finite loss in a few kernels. A mid-epoch resume starts from the recorded cursor."""
 
     batches: int
     loss_sum: torch.Tensor  # scalar
     first_bad: torch.Tensor  # scalar long
+    window: list[torch.Tensor] = field(default_factory=list)  # losses not yet folded, [k] scalars
     point_step: int = -1  # the step of the last mid-epoch point
     checked: int = 0  # batches already checked finite (at the last point)
     stopped: bool = False  # a point stopped the epoch before its end
+    held: Any = None  # StepHooks.hold's capture, at a point that read the next batch ahead
 
     @classmethod
     def start(cls, device: torch.device, batches: int = 0, loss_sum: Any = None) -> Cursor:
@@ -89,10 +103,23 @@ class Cursor:
         return self.loss_sum.item() / self.batches if self.batches else float("nan")
 
 
+def fold(cursor: Cursor, end: int) -> None:
+    """Fold the window, the losses of batches ``end - len(window)`` to ``end - 1`` of the
+    epoch (0-based), into ``cursor.first_bad``, on the device (no host sync)."""
+    window = cursor.window
+    if not window:
+        return
+    bad = ~torch.isfinite(torch.stack(window))  # [k]
+    first = bad.int().argmax() + (end - len(window))  # the first non-finite one, if any
+    cursor.first_bad = torch.where((cursor.first_bad < 0) & bad.any(), first, cursor.first_bad)
+    window.clear()
+
+
 def check_finite(cursor: Cursor, epoch: int, step: int, accumulate: int = 1) -> None:
     """Raise :class:`NonFiniteLoss` when a loss of the epoch so far was NaN or infinite (one
     host sync: at a checkpoint point, never per step). ``accumulate``: batches per optimizer
     step (windows start at the epoch's first batch; a short last window steps too)."""
+    fold(cursor, cursor.batches)
     if (bad := int(cursor.first_bad.item())) >= 0:
         started = step - -(-cursor.batches // accumulate)  # the step count when the epoch began
         since = (
@@ -132,16 +159,19 @@ def train_epoch(
 ) -> tuple[float, int]:
     """One pass over ``batches`` (the rest of it from ``cursor``, which counts ``total``
     batches in all); returns (mean training loss, the step count after it). A checkpoint
-    point that stops the run sets ``cursor.stopped`` and ends the pass there."""
+    point that stops the run sets ``cursor.stopped`` and ends the pass there. A point never
+    falls on the epoch's last batch: the epoch's end is the point there (a split without a
+    length is read one batch ahead at each point to know)."""
     model.train()
     move = device.type != "cpu"
     if cursor is None:
         cursor = Cursor.start(device)
         total = epoch_length(batches)
-    loss_sum, first_bad = cursor.loss_sum, cursor.first_bad  # the batch of the first NaN
+    loss_sum, window = cursor.loss_sum, cursor.window  # the epoch's, on the device
     n = cursor.batches
     stepper = hooks.stepper
-    for batch in batches:
+    rest = iter(batches)
+    while (batch := next(rest, _END)) is not _END:
         if move:
             batch = to_device(batch, device)
         # forward (under autocast when the precision is mixed)
@@ -149,11 +179,13 @@ def train_epoch(
             loss = exp.loss(model, batch)  # scalar
         else:
             loss = stepper.forward(exp.loss, model, batch)  # scalar
-        # remember the first non-finite loss on the device: no host sync per step
-        seen = torch.isfinite(loss.detach()) | (first_bad >= 0)
-        first_bad = torch.where(seen, first_bad, n)
-        loss_sum += loss.detach()
+        # sum the loss and keep it for the non-finite check, on the device: no host sync
+        detached = loss.detach()
+        loss_sum += detached
+        window.append(detached)
         n += 1
+        if len(window) == FOLD:
+            fold(cursor, n)
         # backward and optimizer step: the plain one, or into an accumulation window that
         # steps (scaled, unscaled, clipped) when it is full
         if stepper is None:
@@ -176,17 +208,22 @@ def train_epoch(
             and step != cursor.point_step
             and (total is None or n < total)
         ):
-            cursor.batches, cursor.loss_sum, cursor.first_bad = n, loss_sum, first_bad
-            cursor.point_step = step
+            if total is None:  # the epoch's end is this step's point if no batch follows
+                held = hooks.hold() if hooks.hold is not None else None
+                if (ahead := next(rest, _END)) is _END:
+                    break
+                rest, cursor.held = itertools.chain((ahead,), rest), held
+            cursor.batches, cursor.point_step = n, step
             if hooks.point(cursor, step):
                 cursor.stopped = True
                 return cursor.mean_loss(), step
+            cursor.held = None
     if stepper is not None and stepper.pending:
         # the epoch ended inside an accumulation window: that short window steps too
         stepper.step()
         step += 1
         after_step(hooks)
-    cursor.batches, cursor.loss_sum, cursor.first_bad = n, loss_sum, first_bad
+    cursor.batches = n
     check_finite(cursor, epoch, step, stepper.accumulate if stepper is not None else 1)
     return cursor.mean_loss(), step
 

@@ -12,12 +12,14 @@ also holds where the epoch stands (:mod:`nitro_core.training.position`).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nitro_core.state import records, rng
-from nitro_core.training import position, ranking, setup
+from nitro_core.errors import NitroWarning
+from nitro_core.state import ranks, records, rng
+from nitro_core.training import position, ranking, setup, sharding
 from nitro_core.training.loop import Cursor, StepHooks, check_finite, epoch_length, train_epoch
 
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ def open_epoch(n: Nitro) -> Epoch:
         n._start_rng = None
         return Epoch(n.epoch, batches, cursor, total, at.epoch_rng, time.monotonic())
     mid_epoch = n.checkpointer is not None and n.checkpointer.every_steps is not None
+    sharding.start_epoch(split, n.epoch + 1)  # a DistributedSampler's order depends on it
     start_rng = rng.capture() if mid_epoch else None  # before the split draws its order
     return Epoch(
         n.epoch + 1, iter(split), Cursor.start(n.device), total, start_rng, time.monotonic()
@@ -69,6 +72,7 @@ def run_epoch(n: Nitro, hooks: StepHooks, on_point: OnPoint | None) -> None:
     epoch = open_epoch(n)
     hooks.every_steps = n.checkpointer.every_steps if n.checkpointer is not None else None
     hooks.point = lambda cursor, step: point(n, epoch, step, on_point)
+    hooks.hold = lambda: position.hold(n.data["train"])  # a look-ahead's point records this
     # optimizer steps over the train split
     _, n.step = train_epoch(
         n.experiment, n._forward_model, n.optimizer, epoch.batches, n.device, hooks,
@@ -77,14 +81,15 @@ def run_epoch(n: Nitro, hooks: StepHooks, on_point: OnPoint | None) -> None:
     hooks.point = None  # the epoch's iterator (and a loader's workers) ends with it
     if epoch.cursor.stopped:  # a later train() of this handle continues the epoch from here
         split, epoch.batches = n.data["train"], iter(())
+        held = epoch.cursor.held  # the state before a look-ahead read, if the point made one
         data = None
         if position.stateful(split):
-            data = split.state_dict()
+            data = held.data if held is not None else split.state_dict()
             split.load_state_dict(data)  # drops its live iterator (a loader's workers) now
         assert epoch.start_rng is not None  # a mid-epoch point implies every_steps
         cursor = epoch.cursor
         n._position = position.Position(cursor.batches, cursor.loss_sum, epoch.start_rng, data)
-        n._start_rng = rng.capture()
+        n._start_rng = held.rng if held is not None else rng.capture()
         return
     point(n, epoch, n.step, on_point, end=True)
 
@@ -111,41 +116,94 @@ def point(n: Nitro, epoch: Epoch, step: int, on_point: OnPoint | None, end: bool
         row["batch"] = batch
     row.update(
         step=step,
-        train_loss=cursor.mean_loss(),
+        train_loss=n.dist.mean(cursor.mean_loss()),  # over the ranks' shares
         lr=n.optimizer.param_groups[0]["lr"],
         val=metrics,
         seconds=round(time.monotonic() - epoch.clock, 4),
     )
     n.history.append(row)
     n.logger.log({"run": n.run_id, **row})
-    if n._writer is not None:
-        score = metrics.get(n.ranking.pair[0]) if n.ranking.pair[0] else None
+    # every rank's generators and data state, for rank 0's record
+    others = _rank_states(n, epoch, batch) if n.checkpointer is not None else None
+    score = metrics.get(n.ranking.pair[0]) if n.ranking.pair[0] else None
+    if n._writer is not None:  # under FSDP every rank's (training.sharded_save)
         n._writer.save(
             epoch.number,
             step,
             score,
             n.stop_reason,
-            lambda: snapshot(n, epoch, batch),
+            lambda: snapshot(n, epoch, batch, others),
             batch,
         )
     if end:
         n._progress.epoch_end(setup.summary(row))
     epoch.clock = time.monotonic()
     if on_point is not None:
-        on_point(row)
+        on_point({**row, "val": dict(metrics)})  # the history's row stays as the record has it
     return n.stop_reason is not None
 
 
-def snapshot(n: Nitro, epoch: Epoch, batch: int | None) -> records.Snapshot:
-    """The handle's record snapshot, with where the epoch stands when it is mid-epoch."""
+def _rank_states(n: Nitro, epoch: Epoch, batch: int | None) -> list[ranks.RankState] | None:
+    """Every rank's generators and data state, gathered (a collective: every rank calls it
+    at every point), or None in one process."""
+    if not n.dist.active:
+        return None
+    json_state, tensors = rng.capture()
+    split = n.data["train"]
+    mine = ranks.RankState(
+        rng=json_state,
+        rng_tensors=tensors,
+        epoch_rng=epoch.start_rng if batch is not None else None,
+        data=split.state_dict() if batch is not None and position.stateful(split) else None,
+    )
+    states: list[ranks.RankState] = n.dist.gather(mine)
+    return states
+
+
+def _warn_unstored(n: Nitro, split: Any, why: str) -> None:
+    """Say once per handle that its mid-epoch records hold no data position, and why."""
+    if n._unstored_warned:
+        return
+    n._unstored_warned = True
+    warnings.warn(
+        f"Mid-epoch records of this run hold no position of the train split "
+        f"({type(split).__name__}): {why} Until then a resume from a mid-epoch record replays "
+        "the epoch's consumed batches from its start (read again and skipped, as long as "
+        "reading them took) instead of costing O(1).",
+        NitroWarning,
+        stacklevel=2,
+    )
+
+
+def snapshot(
+    n: Nitro, epoch: Epoch, batch: int | None, others: list[ranks.RankState] | None = None
+) -> records.Snapshot:
+    """The handle's record snapshot, with where the epoch stands when it is mid-epoch (and,
+    from several processes, every rank's generators and data state)."""
     snap = n._snapshot()
     snap.header["batch"] = batch
     snap.header["position"] = None
     if batch is not None:
         assert epoch.start_rng is not None  # captured whenever every_steps is set
+        held = epoch.cursor.held  # the point read a batch ahead: the state before that read
+        if held is not None:
+            snap.header["rng"], snap.rng_tensors = held.rng[0], dict(held.rng[1])
         snap.header["position"], tensors = position.header(epoch.cursor, epoch.start_rng)
         snap.rng_tensors = {**snap.rng_tensors, **tensors}
         split = n.data["train"]
         if position.stateful(split):
-            snap.trees["data"] = split.state_dict()
+            state = held.data if held is not None else split.state_dict()
+            why = position.unstorable(state)
+            if why is None:
+                snap.trees["data"] = state
+            else:  # replayed on a resume, as a split without state_dict() is
+                snap.header["position"]["unstored"] = why
+                _warn_unstored(n, split, why)
+    if others is not None:
+        extra: dict[str, Any] = {}
+        ranks.attach(snap.header, extra, others)
+        snap.rng_tensors = {
+            **snap.rng_tensors,
+            **{k.removeprefix("rng/"): v for k, v in extra.items()},
+        }
     return snap

@@ -10,7 +10,9 @@ batch: in O(1) through ``load_state_dict``, or else by a replay: the generators 
 where they were when the epoch began, the split is iterated afresh and the consumed
 batches are read and skipped (the model does not see them). Either way the generators are
 then put back to the record's own state, so the steps that follow draw what the
-uninterrupted run drew.
+uninterrupted run drew. A split whose ``state_dict()`` a record cannot store (it holds
+objects that would need pickle) is replayed too: its records say why, and so does the
+warning (once per handle when it writes, and again at the resume).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import torch
 
-from nitro_core.errors import NitroWarning, ResumeRefused
+from nitro_core.errors import NitroWarning, RecordError, ResumeRefused
 from nitro_core.state import records, rng
 from nitro_core.training.loop import Cursor
 
@@ -36,6 +38,30 @@ def stateful(split: Any) -> bool:
     )
 
 
+def unstorable(state: Any) -> str | None:
+    """Why a record cannot hold ``state`` (a split's ``state_dict()``), or None when it can."""
+    try:
+        records.encode_tree(state, records.TREE_PREFIXES["data"], {}, leaf=lambda _, t: t)
+    except RecordError as exc:
+        return str(exc)
+    return None
+
+
+@dataclass
+class Held:
+    """What reading a batch ahead moves, captured before the read: every generator and the
+    train split's ``state_dict()`` (None without one). A point of a split without a length
+    reads its next batch first (does the epoch end here?) and records this state."""
+
+    rng: rng.RngState
+    data: Any
+
+
+def hold(split: Any) -> Held:
+    """The state a read of ``split``'s next batch would move."""
+    return Held(rng.capture(), split.state_dict() if stateful(split) else None)
+
+
 @dataclass
 class Position:
     """A mid-epoch record's place in its epoch, read back."""
@@ -44,6 +70,7 @@ class Position:
     loss_sum: torch.Tensor  # their summed training loss, as the loop kept it
     epoch_rng: rng.RngState  # every generator when the epoch began
     data: Any  # the train split's state_dict(), or None when it has none
+    unstored: str | None = None  # why the record holds no state_dict() of a split with one
 
 
 def header(cursor: Cursor, epoch_rng: rng.RngState) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -68,7 +95,8 @@ def read(rec: records.Record) -> Position | None:
         return None
     loss_sum = torch.tensor(position["loss_sum"], dtype=getattr(torch, position["loss_dtype"]))
     epoch_rng = (position["epoch_rng"], rec.rng_tensors(EPOCH_RNG))
-    return Position(int(meta["batch"]), loss_sum, epoch_rng, rec.tree("data"))
+    data = rec.tree("data")
+    return Position(int(meta["batch"]), loss_sum, epoch_rng, data, position.get("unstored"))
 
 
 def check_length(position: Position, split: Any, epoch: int, file: str) -> None:
@@ -96,19 +124,28 @@ def reopen(
         split.load_state_dict(position.data)
         batches = iter(split)
     else:
-        why = (
-            "the record holds no state of the train split (it was written by one without "
-            "state_dict()/load_state_dict())"
-            if stateful(split)
-            else f"the train split ({type(split).__name__}) has no state_dict()/load_state_dict()"
+        fix = (
+            "Return a split that can say where it is from build_data(), e.g. "
+            "torchdata.stateful_dataloader.StatefulDataLoader or nitro_core.TensorBatches"
         )
+        if not stateful(split):
+            why = f"the train split ({type(split).__name__}) has no state_dict()/load_state_dict()"
+        elif position.unstored is not None:
+            why = (
+                "the record holds no state of the train split, whose state_dict() a record "
+                f"could not store ({position.unstored.removesuffix('.')})"
+            )
+            fix = "Make its state_dict() storable as that says"
+        else:
+            why = (
+                "the record holds no state of the train split (it was written by one without "
+                "state_dict()/load_state_dict())"
+            )
         warnings.warn(
             f"Resuming mid-epoch: {why}, so its first "
             f"{position.batch} batches of epoch {epoch} are replayed from the epoch's start "
             "(read again and skipped, as long as reading them took; the model does not run) "
-            "to reach the record's place. Return a split that can say where it is from "
-            "build_data(), e.g. torchdata.stateful_dataloader.StatefulDataLoader or "
-            "nitro_core.TensorBatches, and the resume costs O(1).",
+            f"to reach the record's place. {fix}, and the resume costs O(1).",
             NitroWarning,
             stacklevel=5,
         )

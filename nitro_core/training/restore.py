@@ -23,11 +23,16 @@ from nitro_core.experiment import config_diff
 from nitro_core.sources.grammar import Average, Pair, RunRef, Source
 from nitro_core.sources.resolve import Resolved, pick_best, resolve
 from nitro_core.sources.selection import check_keep_holds
-from nitro_core.state import records, rng
-from nitro_core.state.loading import load_model_state, load_optimizer_fresh_schedule, read
-from nitro_core.store import manifest
+from nitro_core.state import ranks, records, rng
+from nitro_core.state.loading import (
+    WEIGHTS,
+    load_model_state,
+    load_optimizer_fresh_schedule,
+    read,
+)
+from nitro_core.store import manifest, shards
 from nitro_core.store.manifest import ManifestEntry
-from nitro_core.training import position
+from nitro_core.training import fsdp_state, position
 from nitro_core.training.resume import ResumePoint
 
 if TYPE_CHECKING:
@@ -41,10 +46,22 @@ def restore_full(n: Nitro, point: ResumePoint) -> tuple[dict[str, Any] | None, r
     also leaves its data position on the handle, for ``train()`` to continue the epoch."""
     _check_anchor(n, point)
     point.check_layout(records.model_layout(n.model, n.optimizer), n.logger.backend)
-    rec = point.load()
+    if n.dist.strategy == "fsdp" and shards.is_sharded(point.path):  # this rank's pieces
+        ema = n.ema.shadow if n.ema is not None else None
+        expected = point.entry.expected if point.entry else None
+        whole = fsdp_state.read_pieces(n.model, n.optimizer, ema, point.path, expected)
+    else:
+        whole = point.load()
+    rec = ranks.view(whole, n.dist.rank)  # this rank's generators and data state
+    _warn_world_changed(rec.meta, n, point.file)
     meta = rec.meta
-    n.model.load_state_dict(rec.model_state())
-    n.optimizer.load_state_dict(rec.tree("optimizer"))
+    if n.dist.strategy == "fsdp" and shards.is_sharded(point.path):  # loaded in place
+        n.optimizer.load_state_dict(rec.tree("optimizer"))
+    elif n.dist.strategy == "fsdp":  # whole tensors, resharded onto this rank's pieces
+        fsdp_state.load(n.model, n.optimizer, rec.model_state(), rec.tree("optimizer"), meta)
+    else:
+        n.model.load_state_dict(rec.model_state())
+        n.optimizer.load_state_dict(rec.tree("optimizer"))
     if n.scheduler is not None and meta.get("scheduler") is not None:
         n.scheduler.load_state_dict(rec.tree("scheduler"))
     if n.plateau is not None and meta.get("plateau") is not None:
@@ -64,6 +81,23 @@ def restore_full(n: Nitro, point: ResumePoint) -> tuple[dict[str, Any] | None, r
     n.history = list(meta.get("history", []))
     n.averaged_from = meta.get("averaged_from")
     return meta["logger"]["state"], (meta["rng"], rec.rng_tensors())
+
+
+def _warn_world_changed(meta: dict[str, Any], n: Nitro, file: str) -> None:
+    """A resume on another number of processes carries the parameters and optimizer state
+    over, but cannot be bit-for-bit: say why."""
+    recorded = ranks.recorded_world(meta)
+    if recorded == n.dist.world:
+        return
+    warnings.warn(
+        f"Resuming {file!r}, written by {recorded} process(es), on {n.dist.world}: the "
+        "parameters and optimizer state carry over, but the run cannot continue bit-for-bit: "
+        "each rank's share and order of the data differ from the recorded run's, and rank r "
+        f"continues with the generators of recorded rank r % {recorded}. Launch with "
+        f"torchrun --nproc_per_node {recorded} for an exact resume.",
+        NitroWarning,
+        stacklevel=4,
+    )
 
 
 def _check_anchor(n: Nitro, point: ResumePoint) -> None:
@@ -96,7 +130,7 @@ def load_weights(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
         load_average(n, source, entries)
         return
     resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
-    rec = read(resolved)
+    rec = read(resolved, None if opts.restore_optimizer else WEIGHTS)  # optimizer bytes: unread
     warn_config_changed(rec.meta, n, str(resolved.path))
     state = rec.ema_state() if opts.load_ema else rec.model_state()
     if state is None:
@@ -104,7 +138,9 @@ def load_weights(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
             f"load_ema=True, but {str(resolved.path)!r} keeps no EMA (its experiment's ema() "
             "returned None). Drop load_ema to load its parameters."
         )
-    load_model_state(n.model, state, opts.strict, str(resolved.path), name)
+    load_model_state(
+        n.model, fsdp_state.placed(n.model, state), opts.strict, str(resolved.path), name
+    )
     if n.ema is not None:
         n.ema.reset()
     if opts.restore_optimizer:
@@ -170,7 +206,7 @@ def restore_average(n: Nitro, avg: Average, entries: list[ManifestEntry]) -> Ave
         )
         return None
     result = average(resolved, n.run_dir)
-    n.model.load_state_dict(result.state)
+    n.model.load_state_dict(fsdp_state.placed(n.model, result.state))
     if n.ema is not None:
         if result.ema is not None:
             n.ema.load(result.ema, n.ema.num_updates)
@@ -221,8 +257,8 @@ class BestRestorer:
             return
         source = Pair(RunRef("id", n.run_id), "best")
         best = pick_best(source, own, n.ranking.pair, str(n.run_dir))
-        rec = read(Resolved(source, n.run_dir / best.file, best))
-        n.model.load_state_dict(rec.model_state())
+        rec = read(Resolved(source, n.run_dir / best.file, best), WEIGHTS)
+        n.model.load_state_dict(fsdp_state.placed(n.model, rec.model_state()))
         ema_state = rec.ema_state()
         if n.ema is not None and ema_state is not None:
             n.ema.load(ema_state, rec.meta["ema_meta"]["num_updates"])

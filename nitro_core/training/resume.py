@@ -127,7 +127,7 @@ class ResumePoint:
             )
 
     def load(self) -> Record:
-        tensors, meta = store.read_record(self.path, self.entry.sha256 if self.entry else None)
+        tensors, meta = store.read_record(self.path, self.entry.expected if self.entry else None)
         return Record(meta=meta, tensors=tensors)
 
 

@@ -8,6 +8,8 @@ import re
 import signal
 import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +135,14 @@ def check_seed(seed: Any) -> int:
             f"seed={seed!r} is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."
         )
     return seed
+
+
+@contextmanager
+def run_lock(run_dir: Path, run_id: str, main: bool) -> Iterator[bool]:
+    """The run's lock on rank 0 (True when it holds it); the other ranks of a distributed
+    run take none and go on (rank 0 refuses for the whole job)."""
+    if not main:
+        yield True
+        return
+    with store.run_lock(run_dir, run_id) as mine:
+        yield mine

@@ -74,7 +74,7 @@ def test_a_record_holds_its_point_state_though_later_steps_ran_before_the_write(
     object.__setattr__(n.experiment, "loss", loss)
     n.train(on_epoch=on_point)
     (entry,) = [e for e in read_manifest(tmp_path) if e.step == 3]
-    tensors, _ = read_record(tmp_path / entry.file, entry.sha256)
+    tensors, _ = read_record(tmp_path / entry.file, entry.expected)
     for k, v in at_point["params"].items():
         assert torch.equal(tensors[f"params/{k}"], v), k
         assert not torch.equal(n.model.state_dict()[k], v), f"{k}: later steps changed nothing"

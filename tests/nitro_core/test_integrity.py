@@ -1,11 +1,10 @@
-"""Every record is checked when it is read, listed or not: the manifest's sha256 covers a
-listed record byte for byte, and the ``tensor_digest`` in every header covers the tensor
-bytes of the records no manifest lists (saved averages, exports). Exports load back as
-weights. The commit protocol's directory fsync, and averaging's offsets past 4 MB."""
+"""Every record is checked when it is read, listed or not: the manifest's digest covers a
+listed record's header, whose ``integrity`` block covers each section of its tensor bytes,
+so records no manifest lists (saved averages, exports) are checked too. Exports load back
+as weights. The commit protocol's directory fsync, and averaging's offsets past 4 MB."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -29,6 +28,7 @@ from nitro_core import (
 )
 from nitro_core.store import recordio as store
 
+from . import by_hand
 from .tiny import KeepLast, Tiny
 
 
@@ -42,30 +42,20 @@ def data_section(path: Path) -> bytes:
     return raw[8 + int.from_bytes(raw[:8], "little") :]
 
 
-def flip_a_data_bit(path: Path) -> None:
+def flip_a_params_bit(path: Path) -> None:
+    begin, end = by_hand.section_range(path, "params")
     raw = bytearray(path.read_bytes())
-    header_end = 8 + int.from_bytes(raw[:8], "little")
-    raw[(header_end + len(raw)) // 2] ^= 0x10
+    raw[(begin + end) // 2] ^= 0x10
     path.write_bytes(bytes(raw))
 
 
-def by_hand(data: bytes) -> str:
-    """The tensor digest as its definition reads: sha256 over the sha256 of each 8 MiB block."""
-    block = 8 * 1024 * 1024
-    digests = b"".join(
-        hashlib.sha256(data[i : i + block]).digest() for i in range(0, len(data), block)
-    )
-    return "sha256-8MiB-blocks:" + hashlib.sha256(digests).hexdigest()
-
-
-def digest_refusal(path: Path) -> str:
-    actual = by_hand(data_section(path)).split(":")[1]
-    recorded = checkpoint_info(path)["tensor_digest"].split(":")[1]
+def section_refusal(path: Path, section: str) -> str:
+    actual = by_hand.sections(path)[section]
+    recorded = checkpoint_info(path)["integrity"]["sections"][section]
     return (
-        f"Checkpoint {str(path)!r} is corrupt: its tensor bytes digest to "
-        f"sha256-8MiB-blocks:{actual[:16]}..., its header recorded "
-        f"sha256-8MiB-blocks:{recorded[:16]}... when it was written. Load another checkpoint "
-        "or restore this file from a backup."
+        f"Checkpoint {str(path)!r} is corrupt: its {section!r} section digests to "
+        f"xxh3-128:{actual[:16]}..., its header recorded xxh3-128:{recorded[:16]}... when it "
+        "was written. Load another checkpoint or restore this file from a backup."
     )
 
 
@@ -78,13 +68,17 @@ def run(tmp_path):
 
 
 # -- the digest in every header ------------------------------------------------------------------
-def test_every_record_nitro_writes_carries_the_digest_of_its_tensor_bytes(run, tmp_path):
+def test_every_record_nitro_writes_carries_the_digest_of_each_section(run, tmp_path):
     n, d = run
     avg, export = tmp_path / "avg.safetensors", tmp_path / "export.safetensors"
     average_checkpoints(d, "latest => Average(Last(3))", save=avg)
     export_weights(n, export)
+    for e in read_manifest(d):
+        assert e.digest == by_hand.tree(d / e.file), e.file
     for path in [d / e.file for e in read_manifest(d)] + [avg, export]:
-        assert checkpoint_info(path)["tensor_digest"] == by_hand(data_section(path)), path.name
+        assert checkpoint_info(path)["integrity"] == by_hand.integrity(path), path.name
+    assert set(by_hand.sections(export)) == {"tensors"}  # plain state-dict keys
+    assert set(by_hand.sections(avg)) == {"params"}  # a Linear: no layer state, no EMA
 
 
 @pytest.mark.parametrize("kind", ["average", "export"])
@@ -95,20 +89,24 @@ def test_a_bitflipped_record_outside_the_manifest_is_refused_when_loaded(run, tm
         average_checkpoints(d, "latest => Average(Last(3))", save=path)
     else:
         export_weights(n, path)
-    flip_a_data_bit(path)
+    section = "params" if kind == "average" else "tensors"
+    begin, end = by_hand.section_range(path, section)
+    raw = bytearray(path.read_bytes())
+    raw[(begin + end) // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
     with pytest.raises(CheckpointCorrupt) as exc:
         Nitro(KeepThree(), run_dir=tmp_path / "other", weights=str(path))
-    assert str(exc.value) == digest_refusal(path)
+    assert str(exc.value) == section_refusal(path, section)
     with pytest.raises(CheckpointCorrupt) as exc:
         store.read_record(path)
-    assert str(exc.value) == digest_refusal(path)
+    assert str(exc.value) == section_refusal(path, section)
 
 
 def test_a_record_written_before_the_digest_still_loads(run, tmp_path):
     n, d = run
     source = d / read_manifest(d)[-1].file
     tensors, meta = store.read_record(source)
-    del meta["tensor_digest"]
+    del meta["integrity"]
     old = tmp_path / "old.safetensors"
     save_file(tensors, str(old), metadata={"nitro": json.dumps(meta)})
     w = Nitro(KeepThree(), run_dir=tmp_path / "other", weights=str(old))
@@ -117,26 +115,27 @@ def test_a_record_written_before_the_digest_still_loads(run, tmp_path):
         assert torch.equal(w.model.state_dict()[k], v), k
 
 
-# -- listed records: the manifest's sha256, in averaging too -------------------------------------
+# -- listed records: the manifest's digest, in averaging too -------------------------------------
 def _change_the_seed_in_the_header(path: Path) -> None:
-    """Alter the header, not the tensor bytes: only the whole-file sha256 can tell."""
+    """Alter the header, not the tensor bytes: only the manifest's digest can tell."""
     raw = path.read_bytes()
     assert raw.count(b'\\"seed\\":0') == 1 or raw.count(b'"seed":0') == 1
     old = b'\\"seed\\":0' if b'\\"seed\\":0' in raw else b'"seed":0'
     path.write_bytes(raw.replace(old, old[:-1] + b"1"))
 
 
-def test_averaging_checks_each_listed_record_against_the_manifest_sha256(run):
+def test_averaging_checks_each_listed_record_against_the_manifest_digest(run):
     _, d = run
     entry = read_manifest(d)[0]
     path = d / entry.file
     _change_the_seed_in_the_header(path)
-    actual = store.file_sha256(path)
+    actual = by_hand.tree(path)
+    assert entry.digest is not None and actual != entry.digest
     with pytest.raises(CheckpointCorrupt) as exc:
         average_checkpoints(d, "latest => Average(Last(3))")
     assert str(exc.value) == (
-        f"Checkpoint {str(path)!r} is corrupt: its sha256 is {actual[:16]}..., the manifest "
-        f"recorded {entry.sha256[:16]}... when it was written. Load another checkpoint "
+        f"Checkpoint {str(path)!r} is corrupt: its header digests to {actual[:30]}..., the "
+        f"manifest recorded {entry.digest[:30]}... when it was written. Load another checkpoint "
         "(read_manifest lists them) or restore this file from a backup."
     )
 
@@ -149,7 +148,7 @@ def test_bytes_appended_after_a_records_end_are_refused(run):
         f.write(b"\0" * 16)
     expected = f"Checkpoint {str(path)!r} has bytes past the end its header describes."
     with pytest.raises(CheckpointCorrupt) as exc:
-        store.read_record(path)  # no sha256: the tensor digest alone would pass
+        store.read_record(path)  # no manifest digest: the sections alone would pass
     assert str(exc.value) == expected
     with pytest.raises(CheckpointCorrupt) as exc:
         average_checkpoints(d, "latest => Average(Last(3))")
@@ -194,8 +193,8 @@ def test_averaging_tensors_over_4_mb_equals_a_straightforward_mean(tmp_path):
     first = safe_open(str(paths[0]), framework="pt").get_tensor("params/big")
     assert not torch.equal(result.state["big"], first)  # the epochs differ: a real average
     data = data_section(paths[0])
-    assert len(data) > 2 * 8 * 1024 * 1024  # several digest blocks, the last one partial
-    assert checkpoint_info(paths[0])["tensor_digest"] == by_hand(data)
+    assert len(data) > 2 * 4 * 1024 * 1024  # several pieces of a read, the last one partial
+    assert checkpoint_info(paths[0])["integrity"] == by_hand.integrity(paths[0])
     assert torch.equal(store.read_record(paths[0])[0]["params/big"], first)  # checked as read
 
 
@@ -277,17 +276,17 @@ def test_the_manifest_bytes_are_fsynced_before_the_rename_publishes_them(tmp_pat
     assert ("fsync", inode) in events[: events.index(("replace", inode))]
 
 
-def test_a_resume_checks_its_record_against_the_manifest_sha256(tmp_path):
+def test_a_resume_checks_its_record_against_the_manifest_digest(tmp_path):
     Nitro(KeepLast(), run_dir=tmp_path).train()
     path = tmp_path / store.MANIFEST_NAME
     data = json.loads(path.read_text())
-    data["entries"][-1]["sha256"] = "f" * 64  # the file no longer matches what was listed
+    data["entries"][-1]["digest"] = "xxh3-128-tree:" + "f" * 32  # the file no longer matches
     path.write_text(json.dumps(data))
     latest = tmp_path / read_manifest(tmp_path)[-1].file
     with pytest.raises(CheckpointCorrupt) as exc:
         Nitro(KeepLast(), run_dir=tmp_path, resume="auto")
     assert str(latest) in str(exc.value)
-    assert "the manifest recorded ffffffffffffffff..." in str(exc.value)
+    assert "the manifest recorded xxh3-128-tree:ffffffffffffffff..." in str(exc.value)
 
 
 def test_an_export_from_a_pair_without_run_dir_says_what_to_write(tmp_path):

@@ -12,8 +12,8 @@ from nitro_core import (
     read_manifest,
     runs,
 )
-from nitro_core.store import recordio as store
 
+from . import by_hand
 from .tiny import KeepLast, Tiny
 
 FIELDS = {
@@ -30,7 +30,7 @@ FIELDS = {
     "written",
     "keep",
     "bytes",
-    "sha256",
+    "digest",
 }
 
 
@@ -41,7 +41,7 @@ def test_manifest_entries_carry_every_field_and_match_the_files(tmp_path):
     assert [set(e) for e in data["entries"]] == [FIELDS, FIELDS]
     for e in read_manifest(tmp_path):
         path = tmp_path / e.file
-        assert e.bytes == path.stat().st_size and e.sha256 == store.file_sha256(path)
+        assert e.bytes == path.stat().st_size and e.digest == by_hand.tree(path)
         assert (e.metric, e.mode, e.run, e.parent) == ("loss", "min", n.run_id, None)
     assert [e.epoch for e in read_manifest(tmp_path)] == [2, 3]
     assert [e.stop_reason for e in read_manifest(tmp_path)] == [None, "completed"]

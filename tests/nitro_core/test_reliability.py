@@ -33,7 +33,7 @@ from nitro_core import (
     runs,
 )
 from nitro_core.examples import Classifier
-from nitro_core.store.recordio import file_sha256, read_record
+from nitro_core.store.recordio import RecordFile, file_sha256, read_record
 
 pytestmark = pytest.mark.slow
 
@@ -124,9 +124,10 @@ def manifest_problems(run_dir: Path) -> list[str]:
         if size != e.bytes:
             problems.append(f"{e.file}: {size} bytes on disk, the entry says {e.bytes}")
             continue
-        sha = file_sha256(path)
-        if sha != e.sha256:
-            problems.append(f"{e.file}: sha256 {sha[:12]} on disk, the entry says {e.sha256[:12]}")
+        try:
+            RecordFile(path, e.expected).verify()  # the header against the entry, every section
+        except CheckpointCorrupt as exc:
+            problems.append(f"{e.file}: {exc}")
             continue
         header = checkpoint_info(path)
         if (header["run"], header["epoch"], header["step"]) != (e.run, e.epoch, e.step):
@@ -253,7 +254,7 @@ def test_two_processes_share_a_run_directory(tmp_path, workers):
     for proc, _ in procs:
         workers.finish(proc, "concurrent worker")
 
-    problems = manifest_problems(run_dir)  # exists, size, sha256, header run/epoch/step
+    problems = manifest_problems(run_dir)  # exists, size, digests, header run/epoch/step
     assert not problems, "; ".join(problems)
     entries = read_manifest(run_dir)
     ids = runs(run_dir)
@@ -389,12 +390,12 @@ def test_truncated_and_bitflipped_records_raise_checkpoint_corrupt(tmp_path):
     _flip_a_data_bit(middle)
     for path, entry in ((oldest, entries[0]), (middle, entries[1])):
         with pytest.raises(CheckpointCorrupt) as err:
-            read_record(path, sha256=entry.sha256)
+            read_record(path, entry.expected)
         assert str(path) in str(err.value), str(err.value)
     with pytest.raises(CheckpointCorrupt) as err:
         checkpoint_info(oldest)  # a truncation shows in the header alone
     assert str(oldest) in str(err.value), str(err.value)
-    tensors, meta = read_record(latest, sha256=entries[2].sha256)
+    tensors, meta = read_record(latest, entries[2].expected)
     assert meta["epoch"] == 4 and tensors
 
     intact = latest.read_bytes()

@@ -21,6 +21,7 @@ from nitro_core import (
     average_checkpoints,
 )
 from nitro_core.store import recordio as store
+from nitro_core.store import writer
 
 from .tiny import Tiny
 
@@ -74,16 +75,16 @@ class PausedWriter:
     def __init__(self, monkeypatch, run_dir: Path, source: str, path: Path) -> None:
         self.writing, self.go = threading.Event(), threading.Event()
         self.error: BaseException | None = None
-        real = store._blocks
+        real = writer.Layout.pieces
         owner = threading.current_thread
 
-        def blocks(head, tensors, order):
-            if head and owner() is self.thread:  # the write, not the digest pass
+        def pieces(layout):
+            if owner() is self.thread:  # the write, not the hashing thread
                 self.writing.set()
                 self.go.wait(30)
-            yield from real(head, tensors, order)
+            yield from real(layout)
 
-        monkeypatch.setattr(store, "_blocks", blocks)
+        monkeypatch.setattr(writer.Layout, "pieces", pieces)
 
         def target() -> None:
             try:

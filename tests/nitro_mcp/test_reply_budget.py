@@ -90,6 +90,7 @@ def _defaults(record: str, failed: str, queued: str) -> dict[str, dict]:
         "nitro_runs": {"run_dir": RUN_DIR},
         "nitro_manifest": {"run_dir": RUN_DIR},
         "nitro_checkpoint_info": {"path": record},
+        "nitro_verify": {"path": RUN_DIR},
         "nitro_experiments": {},
         "nitro_history": {"run_dir": RUN_DIR},
         "nitro_plot": {"run_dir": RUN_DIR},

@@ -21,6 +21,7 @@ TOOLS = {
     "nitro_train", "nitro_validate", "average", "nitro_status", "nitro_jobs", "nitro_stop",
     "nitro_runs", "nitro_manifest", "nitro_checkpoint_info", "nitro_experiments",
     "nitro_history", "nitro_plot", "nitro_compare", "nitro_delete", "nitro_export",
+    "nitro_verify",
 }  # fmt: skip
 IMAGE_ONLY = {"nitro_plot"}  # image content, no structured output (clients show the image)
 

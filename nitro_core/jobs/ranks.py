@@ -1,0 +1,49 @@
+"""A train job on several processes (``nitro_train(..., nproc=N)``).
+
+The job's worker launches ``torch.distributed.run --standalone --nproc_per_node N -m
+nitro_core.jobs.worker --rank <job_dir>`` and waits for it; its pid stays the job's (so lost
+detection and a forced stop, which kills the worker's process group, cover every rank).
+Each rank builds the experiment and the handle, which joins the group. Rank 0 reports
+(status, events, progress, the result and the job's end) exactly as a one-process worker
+does; the other ranks train and write nothing to the job's files. A graceful stop is the
+``stop_requested`` flag in ``status.json``, which every rank watches; the handle agrees on
+it across the ranks at the next checkpoint point, so every rank stops at the same one.
+When the launcher ends before rank 0 recorded an end (a rank crashed or was killed), the
+worker records the job as failed, pointing at ``log.txt``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from nitro_core.jobs.files import JobSpec, read_status
+from nitro_core.jobs.status import update_status
+
+POLL_S = 0.25
+
+
+def command(spec: JobSpec, directory: Path) -> list[str]:
+    """The launcher's command line (``-P``: the job's cwd is not on ``sys.path``)."""
+    return [
+        sys.executable, "-P", "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={spec.nproc}", "-m", "nitro_core.jobs.worker", "--rank", str(directory),
+    ]  # fmt: skip
+
+
+def launch(spec: JobSpec, directory: Path) -> None:
+    """Run the ranks to their end (the worker's part); raise when none recorded the end."""
+    update_status(directory, phase="launching")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    child = subprocess.Popen(command(spec, directory), stdin=subprocess.DEVNULL, env=env)
+    while (code := child.poll()) is None:
+        time.sleep(POLL_S)
+    if read_status(directory).state == "running":
+        raise RuntimeError(
+            f"torch.distributed.run ended with exit code {code} before rank 0 recorded the "
+            f"job's end: a rank failed or was killed. Each rank's traceback is in "
+            f"{str(directory / 'log.txt')!r}; the run stays resumable with resume='auto'."
+        )

@@ -1,0 +1,285 @@
+"""Sharded records: the record directory every rank of an FSDP run writes together,
+through ``torch.distributed.checkpoint`` (DCP) and its safetensors storage layer.
+
+Layout of ``<run_dir>/<name>/`` (the record's file name without ``.safetensors``)::
+
+    shard-00001-model-00001-of-00001.safetensors   rank 0's pieces of the tensors
+    shard-00002-model-00001-of-00001.safetensors   rank 1's, ... (each with its pieces'
+                                                   offsets in its own safetensors metadata)
+    header.json                                    the record's JSON header, written by rank 0
+
+Every file is safetensors or JSON: DCP's ``.metadata`` pickle is never written (DCP's
+``HuggingFaceStorageReader`` rebuilds its metadata from the shards' own headers), so
+nothing is ever unpickled from a run directory.
+
+Commit, so that a SIGKILL of any rank at any moment leaves the manifest and the records it
+lists intact: every rank writes into ``<name>.tmp/``; DCP's save returns on rank 0 only
+after every rank's files are written and fsynced; rank 0 then writes ``header.json`` (with
+each shard's sha256), fsyncs the directory, renames it to ``<name>``, fsyncs the run
+directory, and only then lists the record in the manifest. A ``.tmp`` directory is never
+selected, loaded or resumed into.
+
+Digests, the same hash tree as a record file's (:mod:`nitro_core.store.digest`):
+``header.json`` names the xxh3-128 of every shard file (``"shards": {file: hex}``), and the
+manifest's ``digest`` is ``xxh3-128-tree:`` and the xxh3-128 of ``header.json``'s bytes, so
+that one value covers every byte of the directory; ``bytes`` is the files' sizes summed. A
+reader checks ``header.json`` against the manifest when it lists the record, then every
+shard against the header.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+import xxhash
+
+from nitro_core.errors import CheckpointCorrupt, CheckpointMissing
+from nitro_core.store import digest
+from nitro_core.store.safeio import fsync_dir, open_nofollow
+
+HEADER_NAME = "header.json"
+SHARD_SUFFIX = ".safetensors"
+_CHUNK = 8 * 1024 * 1024
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether ``path`` is a record directory (never through a link)."""
+    return path.is_dir() and not path.is_symlink()
+
+
+def write(tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool) -> None:
+    """Every rank's part of ``tensors`` (DTensors: each rank's pieces; plain tensors: one
+    copy, written by one rank) into ``tmp`` through DCP. A collective: every rank calls it
+    with the same ``tmp``; on rank 0 it returns once every rank's files are durable."""
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    if main:
+        remove_tree(tmp)  # a directory a killed write left under this name
+        tmp.mkdir(parents=True)
+    save(dict(tensors), storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True))
+
+
+def write_async(
+    tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool, group: Any
+) -> Future[Any]:
+    """:func:`write` in the background: DCP's ``async_save`` copies this rank's tensors to
+    host memory, returns, and writes them on a thread whose collectives run over ``group``
+    (a process group of their own). The future ends, on rank 0, once every rank's files
+    are durable."""
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.state_dict_saver import async_save
+
+    if main:
+        remove_tree(tmp)
+        tmp.mkdir(parents=True)
+    future = async_save(
+        dict(tensors),
+        storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True),
+        process_group=group,
+    )
+    assert isinstance(future, Future)  # the thread checkpointer returns a plain future
+    return future
+
+
+def publish(tmp: Path, final: Path, meta: Mapping[str, Any]) -> tuple[int, str]:
+    """Rank 0, after :func:`write`: add ``header.json``, make the directory durable and
+    rename it into place; returns (bytes, the manifest's digest)."""
+    shards = {p.name: _file_digest(p) for p in sorted(tmp.iterdir()) if p.name != HEADER_NAME}
+    header = dict(meta)
+    header["shards"] = shards
+    raw = json.dumps(header, sort_keys=True).encode()
+    fd = open_nofollow(tmp / HEADER_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with os.fdopen(fd, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    return _sizes(final), digest.tree(raw)
+
+
+def manifest_digest(path: Path) -> str:
+    """The manifest's digest of a record directory: the hash of its ``header.json``."""
+    with os.fdopen(open_nofollow(path / HEADER_NAME, os.O_RDONLY), "rb") as f:
+        return digest.tree(f.read())
+
+
+def _sizes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def _file_digest(path: Path) -> str:
+    hasher = xxhash.xxh3_128()
+    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as f:
+        while block := f.read(_CHUNK):
+            hasher.update(block)
+    return str(hasher.hexdigest())
+
+
+def read_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a record directory."""
+    target = path / HEADER_NAME
+    try:
+        fd = open_nofollow(target, os.O_RDONLY)
+    except FileNotFoundError:
+        raise CheckpointMissing(
+            f"Checkpoint {str(path)!r} is a directory without {HEADER_NAME}, so not a "
+            "committed sharded record (a write interrupted before its commit leaves "
+            "'<name>.tmp'). Load another checkpoint."
+        ) from None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            meta = json.loads(f.read())
+        if not isinstance(meta, dict):
+            raise ValueError("the header is not a JSON object")
+    except ValueError as exc:
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: its {HEADER_NAME} is not readable ({exc}). Load "
+            "another checkpoint."
+        ) from None
+    meta.pop("shards", None)
+    return meta
+
+
+def verify(path: Path, expected: str | None) -> None:
+    """Check a record directory: ``header.json`` against the manifest's digest (when it
+    lists the record), then every shard against the digest the header gives it; raise
+    :class:`CheckpointCorrupt` naming what differs."""
+    with os.fdopen(open_nofollow(path / HEADER_NAME, os.O_RDONLY), "rb") as f:
+        raw = f.read()
+    if expected is not None and digest.tree(raw) != expected:
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: its {HEADER_NAME} does not match the manifest's digest "
+            f"({digest.short(expected)}); the record changed since it was written. Load "
+            "another checkpoint."
+        )
+    shards = json.loads(raw).get("shards", {})
+    present = {p.name for p in path.iterdir() if p.name.endswith(SHARD_SUFFIX)}
+    if present != set(shards):
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r} holds the shards {sorted(present)}, its header lists "
+            f"{sorted(shards)}. Load another checkpoint."
+        )
+    for name, value in sorted(shards.items()):
+        if _file_digest(path / name) != value:
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(path)!r}: shard {name!r} does not match the digest its "
+                "header gives; it changed since it was written. Load another checkpoint."
+            )
+
+
+def read(
+    path: Path, expected: str | None = None, want: Callable[[str], bool] | None = None
+) -> dict[str, torch.Tensor]:
+    """The record's tensors (those ``want`` selects), whole, in this one process: DCP
+    assembles each from the shards' pieces. Checked first (:func:`verify`)."""
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    verify(path, expected)
+    metadata = HuggingFaceStorageReader(str(path)).read_metadata()
+    out = {
+        name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for name, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata) and (want is None or want(name))
+    }
+    if out:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            load(out, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=True)
+    return out
+
+
+def stream(
+    path: Path, expected: str | None, want: Callable[[str], bool]
+) -> Iterator[tuple[str, list[int], int, torch.Tensor]]:
+    """The wanted tensors as :func:`nitro_core.store.recordio.stream_chunks` yields them
+    (one piece each: a sharded record is assembled tensor by tensor)."""
+    for name, tensor in read(path, expected, want).items():
+        yield name, list(tensor.shape), 0, tensor.reshape(-1)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a record directory (gone already is fine; a link is unlinked, not followed)."""
+    if path.is_symlink():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+class ShardedRecord:
+    """A record directory opened as :class:`~nitro_core.store.reader.RecordFile` opens a
+    file (``meta``, ``tensors``, ``read``, ``stream``, ``verify``, ``close``), for readers that
+    take either: every tensor is assembled whole by DCP from the shards' pieces, in this one
+    process. Opening checks ``header.json`` against ``expected`` and every shard against the
+    header."""
+
+    def __init__(self, path: Path, expected: str | None = None) -> None:
+        from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        from nitro_core.store.reader import Tensor  # lazy: reader imports the writer's codes
+
+        self.path = Path(path)
+        verify(self.path, expected)
+        self.meta = read_header(self.path)
+        metadata = HuggingFaceStorageReader(str(self.path)).read_metadata()
+        self.tensors = []
+        for name, md in sorted(metadata.state_dict_metadata.items()):
+            if isinstance(md, TensorStorageMetadata):
+                shape = tuple(int(s) for s in md.size)
+                count = 1
+                for s in shape:
+                    count *= s
+                size = count * torch.empty((), dtype=md.properties.dtype).element_size()
+                self.tensors.append(
+                    Tensor(name, md.properties.dtype, shape, 0, size, digest.section_of(name))
+                )
+
+    def read(self, sections: Any = None) -> dict[str, torch.Tensor]:
+        wanted = None if sections is None else set(sections)
+        return read(
+            self.path, None, None if wanted is None else (lambda n: digest.section_of(n) in wanted)
+        )
+
+    def stream(
+        self, sections: Any = None, piece_bytes: int = 4 * 1024 * 1024
+    ) -> Iterator[tuple[Any, int, torch.Tensor]]:
+        """``(tensor, first element, flat piece)`` in name order, cut as a file's are."""
+        wanted = None if sections is None else set(sections)
+        by_name = {t.name: t for t in self.tensors}
+        for name, whole in self.read(wanted).items():
+            t = by_name[name]
+            flat = whole.reshape(-1)
+            width = flat.element_size()
+            step = max(1, (piece_bytes - piece_bytes % width) // width)
+            if flat.numel() == 0:
+                yield t, 0, flat
+            for first in range(0, flat.numel(), step):
+                yield t, first, flat[first : first + step]
+
+    def verify(self) -> None:
+        verify(self.path, None)
+
+    def prefetch(self, sections: Any = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> ShardedRecord:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

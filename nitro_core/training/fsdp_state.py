@@ -1,0 +1,91 @@
+"""Loading whole (unsharded) state into an FSDP2 model and its optimizer, through
+``torch.distributed.checkpoint.state_dict``: each rank keeps its own pieces of every
+tensor, whatever number of processes wrote the record."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def fqn_optimizer_state(osd: Mapping[str, Any], layout: Mapping[str, Any]) -> dict[str, Any]:
+    """An optimizer ``state_dict()`` (parameters numbered across its groups, as torch
+    writes it) keyed by parameter name instead, as DCP's ``set_optimizer_state_dict`` takes
+    it. ``layout["groups"]`` names each group's parameters in order."""
+    names = [name for group in layout["groups"] for name in group]
+    state = {names[int(i)]: v for i, v in osd.get("state", {}).items()}
+    groups = [{**g, "params": [names[int(i)] for i in g["params"]]} for g in osd["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def load(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: Mapping[str, torch.Tensor],
+    optimizer_state: Mapping[str, Any],
+    meta: Mapping[str, Any],
+) -> None:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, dict(model_state), options=options)
+    set_optimizer_state_dict(
+        model, optimizer, fqn_optimizer_state(optimizer_state, meta["layout"]), options=options
+    )
+
+
+def placed(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (whole tensors) laid out like ``model``'s own: each entry whose live tensor
+    is an FSDP2 DTensor becomes a DTensor on the same mesh and placements, sliced locally
+    (every rank holds the whole tensor, so nothing is sent). The entries of a plain model
+    come back as they are."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    live = model.state_dict()
+    out = dict(state)
+    for key, value in state.items():
+        target = live.get(key)
+        if isinstance(target, DTensor) and not isinstance(value, DTensor):
+            out[key] = distribute_tensor(
+                value.to(target.device), target.device_mesh, target.placements, src_data_rank=None
+            )
+    return out
+
+
+PIECES = ("params/", "buffers/", "ema/", "optim/state/")  # tensors each rank reads its part of
+
+
+def read_pieces(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ema: Mapping[str, torch.Tensor] | None,
+    path: Any,
+    expected: str | None,
+) -> Any:
+    """A sharded record read as an FSDP rank resumes it: DCP loads, on every rank, only
+    this rank's pieces of the parameters, buffers, EMA copy and optimizer moments, straight
+    into the live tensors (resharded when another number of processes wrote it); the rest
+    (generators, schedules, small state) is read whole. Returns the record, whose tensors
+    are those live tensors and the small ones, for the usual resume path."""
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    from nitro_core.state import records  # lazy: records imports nothing of training
+    from nitro_core.store import shards  # lazy: the same
+
+    shards.verify(path, expected)
+    meta = shards.read_header(path)
+    get_optimizer_state_dict(model, optimizer)  # makes the moments exist (a zero-lr step)
+    snap = records.Snapshot(header={}, model=model, optimizer=optimizer, ema=ema)
+    live, _ = records.encode(snap, leaf=lambda name, t: t.detach())
+    template = {k: v for k, v in live.items() if k.startswith(PIECES)}
+    load(template, storage_reader=HuggingFaceStorageReader(str(path)))
+    small = shards.read(path, None, want=lambda name: not name.startswith(PIECES))
+    return records.Record(meta=meta, tensors={**small, **template})

@@ -1,0 +1,50 @@
+"""Launching the distributed tests' training script under ``torch.distributed.run``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+SCRIPT = Path(__file__).with_name("rank_script.py")
+
+
+def torchrun(nproc: int, *args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the script on ``nproc`` processes (gloo, CPU); fail the test with its output
+    when it fails."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={nproc}", str(SCRIPT), *map(str, args),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "default"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    if done.returncode != 0:
+        pytest.fail(f"torchrun failed ({done.returncode}):\n{done.stderr[-6000:]}")
+    return done
+
+
+def one_process(*args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """The same script in one plain process (no torchrun)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, env={**env, "PYTHONWARNINGS": "default"},
+    )  # fmt: skip
+    if done.returncode != 0:
+        pytest.fail(f"the script failed ({done.returncode}):\n{done.stderr[-6000:]}")
+    return done
+
+
+def tensors(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path))
+
+
+def assert_equal_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs"

@@ -1,0 +1,84 @@
+"""A training script the distributed tests launch with ``torch.distributed.run``.
+
+``python -m torch.distributed.run --standalone --nproc_per_node N rank_script.py RUN_DIR
+EPOCHS RESUME STRATEGY [EVERY_STEPS] [STOP_AFTER_POINTS]``: trains ``DistRegression`` in
+RUN_DIR and writes each rank's full parameters after training to
+``RUN_DIR/final-<tag>-rank<r>.safetensors`` (safetensors, no pickle).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+from nitro_core import Checkpointer, Last, Nitro
+from nitro_core.examples import Regression
+
+
+class DistRegression(Regression):
+    every_steps: int | None = None
+
+    def checkpointer(self) -> Checkpointer:
+        return Checkpointer(keep=Last(20), every_steps=self.every_steps)
+
+
+def full_parameters(n: Nitro) -> dict[str, torch.Tensor]:
+    if n.dist.strategy == "fsdp":
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        state = get_model_state_dict(n.model, options=StateDictOptions(full_state_dict=True))
+    else:
+        state = n.model.state_dict()
+    return {k: v.detach().clone().contiguous() for k, v in state.items()}
+
+
+def slow_shard_writes(seconds: float) -> None:
+    """Test hook: each rank sleeps inside every shard write, after DCP wrote its files and
+    before the commit, so that a test can kill a rank mid-write."""
+    import time
+
+    from nitro_core.store import shards
+
+    write = shards.write
+
+    def slowed(tmp, tensors, main):
+        write(tmp, tensors, main)
+        time.sleep(seconds)
+
+    shards.write = slowed
+
+
+def main() -> None:
+    if os.environ.get("NITRO_TEST_SLOW_SHARD_WRITE"):
+        slow_shard_writes(float(os.environ["NITRO_TEST_SLOW_SHARD_WRITE"]))
+    run_dir, epochs, resume, strategy = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    every = int(sys.argv[5]) if len(sys.argv) > 5 and sys.argv[5] != "-" else None
+    stop_after = int(sys.argv[6]) if len(sys.argv) > 6 else None
+    exp = DistRegression(max_epochs=epochs, every_steps=every, samples=520, batch_size=32)
+    n = Nitro(
+        exp, run_dir=run_dir, resume=False if resume == "false" else resume, strategy=strategy
+    )
+    rank = n.dist.rank
+    loaded = full_parameters(n)
+    points = []
+
+    def on_point(row: dict) -> None:
+        points.append(row)
+        if stop_after is not None and len(points) >= stop_after:
+            n.request_stop()
+
+    n.train(on_epoch=on_point)
+    tag = f"{epochs}-{resume.replace(' ', '')}-{strategy}-w{n.dist.world}"
+    save_file(loaded, os.path.join(run_dir, f"loaded-{tag}-rank{rank}.safetensors"))
+    save_file(full_parameters(n), os.path.join(run_dir, f"final-{tag}-rank{rank}.safetensors"))
+    n.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Record directories (several processes wrote them), made here in one process through the
+same DCP storage layer: the header and digests, the readers, and corruption."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from nitro_core.errors import CheckpointCorrupt
+from nitro_core.store import recordio as store
+from nitro_core.store import shards
+
+
+def make(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor], str]:
+    tensors = {
+        "params/w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        "optim/state/0/exp_avg": torch.ones(3, 4),
+        "rng/torch": torch.arange(5, dtype=torch.uint8),
+    }
+    final = tmp_path / "epoch-0001-step-3"
+    tmp = store.tmp_path(final)
+    with warnings.catch_warnings():  # DCP: "assuming the intent is to save in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        shards.write(tmp, tensors, main=True)
+    size, tree = shards.publish(tmp, final, {"epoch": 1, "step": 3})
+    assert size == sum(p.stat().st_size for p in final.iterdir())
+    return final, tensors, tree
+
+
+def test_a_record_directory_reads_back_whole_and_by_section(tmp_path: Path) -> None:
+    final, tensors, tree = make(tmp_path)
+    assert not store.tmp_path(final).exists() and shards.is_sharded(final)
+    assert tree == shards.manifest_digest(final) and tree.startswith("xxh3-128-tree:")
+    assert store.read_header(final) == {"epoch": 1, "step": 3}  # the shard list is not meta
+    got, meta = store.read_record(final, tree)
+    assert meta["epoch"] == 1 and sorted(got) == sorted(tensors)
+    for k, v in tensors.items():
+        assert torch.equal(got[k], v), k
+    with store.open_record_file(final, tree) as record:
+        assert {t.name for t in record.tensors} == set(tensors)
+        assert sorted(record.read({"params"})) == ["params/w"]
+        pieces = list(record.stream({"params"}, piece_bytes=16))
+        assert [first for _, first, _ in pieces] == [0, 4, 8]
+        joined = torch.cat([p for _, _, p in pieces])
+        assert torch.equal(joined, tensors["params/w"].reshape(-1))
+
+
+def test_a_changed_header_or_shard_is_refused_naming_it(tmp_path: Path) -> None:
+    final, _, tree = make(tmp_path)
+    header = final / "header.json"
+    original = header.read_bytes()
+    changed = json.loads(original)
+    changed["epoch"] = 2
+    header.write_text(json.dumps(changed, sort_keys=True))
+    with pytest.raises(CheckpointCorrupt) as e:
+        store.read_record(final, tree)
+    assert str(e.value) == (
+        f"Checkpoint {str(final)!r}: its header.json does not match the manifest's digest "
+        f"({tree.split(':')[0]}:{tree.split(':')[1][:16]}...); the record changed since it "
+        "was written. Load another checkpoint."
+    )
+    header.write_bytes(original)
+    shard = next(final.glob("shard-*.safetensors"))
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0xFF  # a flipped bit in the tensor bytes
+    shard.write_bytes(bytes(raw))
+    for expected in (tree, None):  # listed or not, the shard is checked against the header
+        with pytest.raises(CheckpointCorrupt) as e:
+            store.read_record(final, expected)
+        assert str(e.value) == (
+            f"Checkpoint {str(final)!r}: shard {shard.name!r} does not match the digest its "
+            "header gives; it changed since it was written. Load another checkpoint."
+        )
+
+
+def test_a_directory_without_a_header_is_not_a_record(tmp_path: Path) -> None:
+    (tmp_path / "epoch-0001-step-3").mkdir()
+    from nitro_core.errors import CheckpointMissing
+
+    with pytest.raises(CheckpointMissing) as e:
+        store.read_header(tmp_path / "epoch-0001-step-3")
+    assert "is a directory without header.json, so not a committed sharded record" in str(e.value)
+
+
+def test_retention_removes_a_record_directory_with_its_files(tmp_path: Path) -> None:
+    final, _, _ = make(tmp_path)
+    store.remove_file(final)
+    assert not final.exists()
+    store.remove_file(final)  # gone already is fine

@@ -1,0 +1,180 @@
+"""`./dev demo` and `./dev test`: the two commands a newcomer runs on a fresh clone.
+
+The fast tests run the script against a stand-in environment (a `bin/python` that logs pip
+and pytest calls instead of running them, and logging `nitro`, `ruff`, `mypy`, `mkdocs`), so
+they check what it installs, when it skips the installs, and that `./dev test` and
+`.ci/run` run exactly CI's sequence. The slow test runs the real thing end to end in a copy
+of the working tree (tracked and untracked files, not the ignored ones: what a clone of this
+tree would hold, uncommitted changes included) with a fresh `.venv`, cut off from the
+network (`unshare -n`) where the machine allows it, so the install must come from what pip
+finds locally (its configured wheel directories and local indexes, and its cache).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_LOGGING = '#!/usr/bin/env bash\necho "{name} $*" >> "{log}"\n'
+_PYTHON = """#!/usr/bin/env bash
+if [ "${{1:-}}" = "-m" ] && [ "${{2:-}}" = "pip" -o "${{2:-}}" = "pytest" -o "${{2:-}}" = "mkdocs" ]; then
+    echo "python $*" >> "{log}"
+    exit 0
+fi
+exec "{real}" "$@"
+"""
+CI_SEQUENCE = [
+    "ruff format --check .",
+    "ruff check .",
+    "mypy nitro_core nitro_mcp",
+    "python -m pytest -q",
+    "python -m pytest -q -m slow",
+    "mkdocs build --strict --quiet",
+]
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This environment without the test run's own virtual environment."""
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    here = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != here)
+    return {**env, **extra}
+
+
+@pytest.fixture
+def standin(tmp_path):
+    """A copy of ./dev, .ci/run and pyproject.toml, and a stand-in environment that logs."""
+    repo, venv, log = tmp_path / "repo", tmp_path / "venv", tmp_path / "calls.log"
+    (repo / ".ci").mkdir(parents=True)
+    for name in ("dev", "pyproject.toml", ".ci/run"):
+        shutil.copy2(REPO / name, repo / name)
+    (venv / "bin").mkdir(parents=True)
+    scripts = {"python": _PYTHON.format(log=log, real=sys.executable)}
+    scripts |= {n: _LOGGING.format(name=n, log=log) for n in ("nitro", "ruff", "mypy", "mkdocs")}
+    for name, text in scripts.items():
+        (venv / "bin" / name).write_text(text)
+        (venv / "bin" / name).chmod(0o755)
+    log.touch()
+
+    def run(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        before = len(log.read_text().splitlines())
+        done = subprocess.run(
+            args, cwd=repo, env=_clean_env(NITRO_VENV=str(venv)), capture_output=True, text=True
+        )
+        return done, log.read_text().splitlines()[before:]
+
+    run.repo = repo  # type: ignore[attr-defined]
+    return run
+
+
+def test_demo_installs_torch_and_the_project_once_then_starts_at_once(standin):
+    done, calls = standin("./dev", "demo", "--epochs", "2")
+    assert done.returncode == 0, done.stderr
+    assert calls == [
+        "python -m pip install -q torch==2.13.0",
+        "python -m pip install -q -e .",
+        "nitro demo --epochs 2",
+    ]
+    done, calls = standin("./dev", "demo")  # warm: no pip call at all
+    assert (done.returncode, calls) == (0, ["nitro demo"])
+    assert "installing" not in done.stderr
+
+
+def test_an_edit_to_pyproject_reinstalls(standin):
+    standin("./dev", "demo")
+    pyproject = standin.repo / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + "\n# a new dependency\n")
+    _, calls = standin("./dev", "demo")
+    assert calls[:2] == ["python -m pip install -q torch==2.13.0", "python -m pip install -q -e ."]
+
+
+def test_dev_test_runs_what_ci_runs_and_ci_runs_dev_test(standin):
+    done, calls = standin("./dev", "test")
+    assert done.returncode == 0, done.stderr
+    assert calls == [
+        "python -m pip install -q torch==2.13.0",
+        "python -m pip install -q -e .[test,docs]",
+        *CI_SEQUENCE,
+    ]
+    done, calls = standin("bash", ".ci/run")
+    assert (done.returncode, calls) == (0, CI_SEQUENCE)  # the same, installs already done
+
+
+def test_dev_test_passes_its_arguments_to_pytest_alone(standin):
+    standin("./dev", "test", "-q")
+    done, calls = standin("./dev", "test", "tests/test_readme.py", "-x")
+    assert (done.returncode, calls) == (0, ["python -m pytest tests/test_readme.py -x"])
+
+
+def test_the_test_installs_serve_the_demo_too(standin):
+    standin("./dev", "test", "-q")
+    _, calls = standin("./dev", "demo")
+    assert calls == ["nitro demo"]
+
+
+def test_an_environment_with_an_old_python_is_reported_not_replaced(standin, tmp_path):
+    (tmp_path / "venv" / "bin" / "python").write_text("#!/usr/bin/env bash\nexit 1\n")
+    done, calls = standin("./dev", "demo")
+    assert done.returncode == 1 and calls == []
+    assert f"dev: {tmp_path / 'venv'} holds a Python older than 3.11" in done.stderr
+    assert f"remove it (rm -rf {tmp_path / 'venv'}) and run ./dev again." in done.stderr
+
+
+@pytest.mark.parametrize(("args", "status"), [((), 2), (("bogus",), 2), (("--help",), 0)])
+def test_usage_names_both_commands(standin, args, status):
+    done, calls = standin("./dev", *args)
+    assert (done.returncode, calls) == (status, [])
+    assert "./dev demo [ARGS]" in done.stderr and "./dev test " in done.stderr
+    if args == ("bogus",):
+        assert "dev: unknown command 'bogus'" in done.stderr
+
+
+def _offline() -> list[str]:
+    """A prefix that runs a command without network, or [] where the machine cannot."""
+    for prefix in (["unshare", "-n"], ["unshare", "-rn"]):
+        try:
+            if subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
+                return prefix
+        except FileNotFoundError:
+            return []
+    return []
+
+
+@pytest.mark.slow
+def test_the_demo_runs_end_to_end_from_a_fresh_copy_of_the_tree_offline(tmp_path):
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.split("\0")  # fmt: skip
+    copy = tmp_path / "nitro"
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, copy / name)
+    assert not (copy / ".venv").exists()
+    env = _clean_env(PIP_RETRIES="0")  # an unreachable index fails at once, pip moves on
+    cmd = [*_offline(), "./dev", "demo", "--epochs", "3"]
+
+    cold = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=1200)
+    assert cold.returncode == 0, f"{cold.stdout[-3000:]}\n{cold.stderr[-3000:]}"
+    assert "dev: creating" in cold.stderr and "dev: installing" in cold.stderr
+    assert "Done. The job, its run and its checkpoints stay on disk" in cold.stdout
+    assert list((copy / "runs" / "Classifier").glob("avg3-*.safetensors"))
+
+    started = time.monotonic()
+    warm = subprocess.Popen(cmd, cwd=copy, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert warm.stdout is not None
+    first = warm.stdout.readline()
+    to_start = time.monotonic() - started
+    out, err = warm.communicate(timeout=600)
+    assert warm.returncode == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    assert first.startswith("Starting `nitro serve")
+    assert "dev: installing" not in err
+    assert to_start < 30, f"the warm demo took {to_start:.1f} s to start"
