@@ -215,7 +215,7 @@ def part1(args: argparse.Namespace, tmp: Path) -> None:
 
 def part2(args: argparse.Namespace, tmp: Path) -> None:
     times: dict[str, list[float]] = {"none": [], "async": [], "sync": []}
-    order = ["none", "async", "sync"]
+    order: list[Literal["none", "async", "sync"]] = ["none", "async", "sync"]
     for i in range(args.reps):
         for mode in order[i % 3 :] + order[: i % 3]:  # rotate: no mode always runs first
             exp = BigState(mb=args.mb, steps=args.steps, mode=mode, max_epochs=args.epochs)

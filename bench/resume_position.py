@@ -127,7 +127,9 @@ class Stream(Experiment):
             return {"train": Generated(x, y, cost)}
         dataset = torch.utils.data.TensorDataset(x, y)
         if self.split == "stateful":
-            from torchdata.stateful_dataloader import StatefulDataLoader
+            from torchdata.stateful_dataloader import (  # type: ignore[import-untyped]
+                StatefulDataLoader,
+            )
 
             loader: Any = StatefulDataLoader(
                 dataset, batch_size=BATCH, shuffle=True, collate_fn=SlowCollate(cost)

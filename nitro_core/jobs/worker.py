@@ -52,32 +52,26 @@ WATCH_S = 0.25  # how often the stop watcher looks at the flags
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--rank"]:  # one rank of a several-process job (jobs.ranks)
-        return rank_main(args[1:])
-    directory = Path(args[0])
+    rank = args[:1] == ["--rank"]  # one rank of a several-process job (jobs.ranks)
+    directory = Path(args[1] if rank else args[0])
     spec = read_spec(directory)
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s"
     )
     stop = _Stop(directory)
     signal.signal(signal.SIGTERM, stop.handle)
+    if rank:
+        return _rank(spec, directory, stop)
     try:
         return _main(spec, directory, stop)
     finally:
         _pump_queue(directory, spec)
 
 
-def rank_main(argv: list[str]) -> int:
+def _rank(spec: JobSpec, directory: Path, stop: _Stop) -> int:
     """One rank of a several-process train job (``python -m nitro_core.jobs.worker --rank
-    <job_dir>``, launched by :mod:`nitro_core.jobs.ranks`): rank 0
-    reports as a worker does, the others train silently."""
-    directory = Path(argv[0])
-    spec = read_spec(directory)
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s"
-    )
-    stop = _Stop(directory)
-    signal.signal(signal.SIGTERM, stop.handle)
+    <job_dir>``, launched by :mod:`nitro_core.jobs.ranks`): rank 0 reports as a worker
+    does, the others train silently."""
     if int(os.environ.get("RANK", "0")) == 0:
         return _main(spec, directory, stop, rank0=True)
     stop.watch()

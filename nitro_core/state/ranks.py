@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from nitro_core.errors import RecordError
 from nitro_core.state import records
 
 
@@ -51,7 +52,10 @@ def attach(
             for k, v in state.epoch_rng[1].items():
                 tensors[f"{prefix}epoch/{k}"] = records.to_host(v)
         if state.data is not None:
-            row["data"] = records.encode_tree(state.data, f"{prefix}data", own)
+            try:
+                row["data"] = records.encode_tree(state.data, f"{prefix}data", own)
+            except RecordError:  # not storable without pickle: that rank replays (a warning)
+                own = {}
             tensors.update(own)
         rows.append(row)
     header["ranks"] = {"world": len(states), "states": rows}

@@ -243,21 +243,9 @@ def _after_existing_files(log_dir: Path) -> None:
         time.sleep(0.05)
 
 
-class MutedLogger:
+class MutedLogger(NullLogger):
     """Another rank's stand-in for the run's logger: the same backend (so a resume checks
     the same thing on every rank), nothing written (rank 0 logs for the run)."""
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
-
-    def open(self, run_dir: Path, run_id: str, state: dict[str, Any] | None) -> None:
-        pass
-
-    def log(self, row: dict[str, Any]) -> None:
-        pass
-
-    def state(self) -> dict[str, Any]:
-        return {}
-
-    def close(self) -> None:
-        pass

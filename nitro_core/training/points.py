@@ -148,13 +148,17 @@ def _rank_states(n: Nitro, epoch: Epoch, batch: int | None) -> list[ranks.RankSt
     at every point), or None in one process."""
     if not n.dist.active:
         return None
-    json_state, tensors = rng.capture()
+    held = epoch.cursor.held  # the point read a batch ahead: the state before that read
+    json_state, tensors = held.rng if held is not None else rng.capture()
     split = n.data["train"]
+    data = None
+    if batch is not None and position.stateful(split):
+        data = held.data if held is not None else split.state_dict()
     mine = ranks.RankState(
         rng=json_state,
-        rng_tensors=tensors,
+        rng_tensors=dict(tensors),
         epoch_rng=epoch.start_rng if batch is not None else None,
-        data=split.state_dict() if batch is not None and position.stateful(split) else None,
+        data=data,
     )
     states: list[ranks.RankState] = n.dist.gather(mine)
     return states
