@@ -218,6 +218,10 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path)
 
 
+def _named(target: str) -> Callable[[str], bool]:
+    return lambda name: name == target
+
+
 class ShardedRecord:
     """A record directory opened as :class:`~nitro_core.store.reader.RecordFile` opens a
     file (``meta``, ``tensors``, ``read``, ``stream``, ``verify``, ``close``), for readers that
@@ -256,12 +260,13 @@ class ShardedRecord:
     def stream(
         self, sections: Any = None, piece_bytes: int = 4 * 1024 * 1024
     ) -> Iterator[tuple[Any, int, torch.Tensor]]:
-        """``(tensor, first element, flat piece)`` in name order, cut as a file's are."""
+        """``(tensor, first element, flat piece)`` in name order, cut as a file's are. One
+        tensor is assembled at a time (read records side by side hold one tensor each)."""
         wanted = None if sections is None else set(sections)
-        by_name = {t.name: t for t in self.tensors}
-        for name, whole in self.read(wanted).items():
-            t = by_name[name]
-            flat = whole.reshape(-1)
+        for t in self.tensors:
+            if wanted is not None and t.section not in wanted:
+                continue
+            flat = read(self.path, None, _named(t.name))[t.name].reshape(-1)
             width = flat.element_size()
             step = max(1, (piece_bytes - piece_bytes % width) // width)
             if flat.numel() == 0:

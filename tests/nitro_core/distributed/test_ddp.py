@@ -96,3 +96,15 @@ def test_the_example_script_trains_and_resumes_under_torchrun(tmp_path: Path) ->
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert [e.epoch for e in read_manifest(tmp_path)] == [1, 2, 3]
+
+
+def test_a_one_process_record_resumes_on_two_ranks_with_the_warning(tmp_path: Path) -> None:
+    one_process(tmp_path, 2, "false", "auto")
+    saved = tensors(tmp_path / "final-2-false-auto-w1-rank0.safetensors")
+    done = torchrun(2, tmp_path, 3, "auto", "auto")
+    assert "written by 1 process(es), on 2" in done.stderr
+    for rank in (0, 1):  # both ranks start from the recorded parameters
+        assert_equal_tensors(
+            tensors(tmp_path / f"loaded-3-auto-auto-w2-rank{rank}.safetensors"), saved
+        )
+    assert [e.epoch for e in read_manifest(tmp_path)] == [1, 2, 3]

@@ -156,3 +156,15 @@ def test_a_sharded_record_has_nothing_pickled(tmp_path: Path) -> None:
         head = f.read_bytes()[:2]
         assert head != b"\x80\x04" and head != b"\x80\x05", f  # pickle protocol 4/5 magic
     json.loads((record / "header.json").read_text())
+
+
+def test_a_two_rank_sharded_record_reshards_onto_four_ranks(tmp_path: Path) -> None:
+    torchrun(2, tmp_path, 2, "false", "fsdp")
+    saved = tensors(tmp_path / "final-2-false-fsdp-w2-rank0.safetensors")
+    done = torchrun(4, tmp_path, 3, "auto", "fsdp", timeout=180)
+    assert "written by 2 process(es), on 4" in done.stderr
+    for rank in range(4):
+        assert_equal_tensors(
+            tensors(tmp_path / f"loaded-3-auto-fsdp-w4-rank{rank}.safetensors"), saved
+        )
+    assert [e.epoch for e in read_manifest(tmp_path)] == [1, 2, 3]
