@@ -68,6 +68,7 @@ def main() -> None:
     from nitro_core.state import records
     from nitro_core.store import shards
     from nitro_core.training import fsdp_state
+    from nitro_core.training.distributed import Dist
     from nitro_core.training.sharded_save import live_leaf
 
     p = argparse.ArgumentParser()
@@ -77,6 +78,7 @@ def main() -> None:
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    ranks = Dist(rank=rank, world=dist.get_world_size(), strategy="fsdp")
     # parameters + two AdamW moments = 3 x layers x d^2 x 4 bytes
     d = 1024
     layers = max(1, math.ceil(args.mb * 2**20 / (3 * d * d * 4)))
@@ -106,7 +108,7 @@ def main() -> None:
 
     def nitro_load(i: int) -> None:
         # what a resume under FSDP does: this rank's pieces, straight into the live tensors
-        rec = fsdp_state.read_pieces(model, opt, None, root / f"nitro-{i}", None)
+        rec = fsdp_state.read_pieces(model, opt, None, root / f"nitro-{i}", None, ranks)
         opt.load_state_dict(rec.tree("optimizer"))
         dist.barrier()
 

@@ -151,10 +151,11 @@ def read_header(path: Path) -> dict[str, Any]:
     return meta
 
 
-def verify(path: Path, expected: str | None) -> None:
+def verify(path: Path, expected: str | None, part: tuple[int, int] = (0, 1)) -> None:
     """Check a record directory: ``header.json`` against the manifest's digest (when it
     lists the record), then every shard against the digest the header gives it; raise
-    :class:`CheckpointCorrupt` naming what differs."""
+    :class:`CheckpointCorrupt` naming what differs. ``part=(rank, world)``: check only every
+    ``world``-th shard file from ``rank`` on (the ranks of a job share the work)."""
     with os.fdopen(open_nofollow(path / HEADER_NAME, os.O_RDONLY), "rb") as f:
         raw = f.read()
     if expected is not None and digest.tree(raw) != expected:
@@ -170,7 +171,8 @@ def verify(path: Path, expected: str | None) -> None:
             f"Checkpoint {str(path)!r} holds the shards {sorted(present)}, its header lists "
             f"{sorted(shards)}. Load another checkpoint."
         )
-    for name, value in sorted(shards.items()):
+    rank, world = part
+    for name, value in sorted(shards.items())[rank::world]:
         if _file_digest(path / name) != value:
             raise CheckpointCorrupt(
                 f"Checkpoint {str(path)!r}: shard {name!r} does not match the digest its "

@@ -5,9 +5,15 @@ tensor, whatever number of processes wrote the record."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from nitro_core.errors import CheckpointCorrupt
+from nitro_core.state import records
+from nitro_core.store import shards
+from nitro_core.training.distributed import Dist
 
 
 def fqn_optimizer_state(osd: Mapping[str, Any], layout: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,27 +71,41 @@ def read_pieces(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     ema: Mapping[str, torch.Tensor] | None,
-    path: Any,
+    path: Path,
     expected: str | None,
-) -> Any:
-    """A sharded record read as an FSDP rank resumes it: DCP loads, on every rank, only
-    this rank's pieces of the parameters, buffers, EMA copy and optimizer moments, straight
-    into the live tensors (resharded when another number of processes wrote it); the rest
-    (generators, schedules, small state) is read whole. Returns the record, whose tensors
-    are those live tensors and the small ones, for the usual resume path."""
+    d: Dist,
+) -> records.Record:
+    """A sharded record read as an FSDP rank resumes it: each rank checks its share of the
+    shard files against the header (the ranks agree on the verdict before reading on), then
+    one DCP load fills, on every rank, only this rank's pieces of the parameters, buffers,
+    EMA copy and optimizer moments, straight into the live tensors (resharded when another
+    number of processes wrote it), and the small tensors (generators, schedules) whole.
+    Returns the record, whose tensors are those, for the usual resume path."""
     from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    from nitro_core.state import records  # lazy: records imports nothing of training
-    from nitro_core.store import shards  # lazy: the same
-
-    shards.verify(path, expected)
+    failure: CheckpointCorrupt | None = None
+    try:
+        shards.verify(path, expected, part=(d.rank, d.world))
+    except CheckpointCorrupt as exc:
+        failure = exc
+    if d.any(failure is not None):  # every rank stops here, before any collective read
+        raise failure or CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: another rank found a shard that does not match the "
+            "digest its header gives (its traceback names it). Load another checkpoint."
+        )
     meta = shards.read_header(path)
     get_optimizer_state_dict(model, optimizer)  # makes the moments exist (a zero-lr step)
     snap = records.Snapshot(header={}, model=model, optimizer=optimizer, ema=ema)
     live, _ = records.encode(snap, leaf=lambda name, t: t.detach())
-    template = {k: v for k, v in live.items() if k.startswith(PIECES)}
-    load(template, storage_reader=HuggingFaceStorageReader(str(path)))
-    small = shards.read(path, None, want=lambda name: not name.startswith(PIECES))
+    template: dict[str, torch.Tensor] = {k: v for k, v in live.items() if k.startswith(PIECES)}
+    metadata = HuggingFaceStorageReader(str(path)).read_metadata()
+    small = {
+        name: torch.empty(tuple(md.size), dtype=md.properties.dtype)
+        for name, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata) and not name.startswith(PIECES)
+    }
+    load({**template, **small}, storage_reader=HuggingFaceStorageReader(str(path)))
     return records.Record(meta=meta, tensors={**small, **template})

@@ -49,7 +49,7 @@ def restore_full(n: Nitro, point: ResumePoint) -> tuple[dict[str, Any] | None, r
     if n.dist.strategy == "fsdp" and shards.is_sharded(point.path):  # this rank's pieces
         ema = n.ema.shadow if n.ema is not None else None
         expected = point.entry.expected if point.entry else None
-        whole = fsdp_state.read_pieces(n.model, n.optimizer, ema, point.path, expected)
+        whole = fsdp_state.read_pieces(n.model, n.optimizer, ema, point.path, expected, n.dist)
     else:
         whole = point.load()
     rec = ranks.view(whole, n.dist.rank)  # this rank's generators and data state
