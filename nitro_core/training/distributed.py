@@ -102,8 +102,11 @@ class Dist:
         return {name: (s, c) for name, (s, c) in sorted(merged.items())}
 
     def close(self) -> None:
-        """Destroy the group when this handle created it."""
+        """Destroy the group when this handle created it, once every rank got here (a rank
+        that tore its connections down while another still talked over them would make
+        that one abort)."""
         if self.owned and dist.is_available() and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
         self.owned = False
 
