@@ -84,6 +84,16 @@ def _yield_to_training() -> None:
             pass
 
 
+def wait_for(pending: Future[Any] | None, what: str, who: str) -> None:
+    """Block until a write in flight is done and raise its error; ``who`` (when given) is
+    logged as waiting for ``what`` if it is not done yet. Both writers wait this way."""
+    if pending is None:
+        return
+    if not pending.done() and who:
+        log.info("%s waits for the write of %s, still in flight", who, what)
+    pending.result()
+
+
 class CheckpointWriter:
     """Writes one run's records into ``directory`` under ``ckpt``'s keep rules."""
 
@@ -174,11 +184,7 @@ class CheckpointWriter:
         """Block until the write in flight, if any, is committed; raise its error if it
         failed. ``who`` names the waiter in the log line saying it waits."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        if not pending.done() and who:
-            log.info("%s waits for the write of %s, still in flight", who, self._pending_what)
-        pending.result()
+        wait_for(pending, self._pending_what, who)
 
     def drain(self, raise_error: bool = True) -> None:
         """Wait for the last write, stop the writer thread and free the host buffers

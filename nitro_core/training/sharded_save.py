@@ -25,7 +25,7 @@ from nitro_core.state import records
 from nitro_core.store import digest, manifest, shards
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry, StopReason
-from nitro_core.training.checkpointing import SUFFIX, record_name
+from nitro_core.training.checkpointing import SUFFIX, record_name, wait_for
 
 if TYPE_CHECKING:
     from nitro_core.training.handle import Nitro
@@ -105,11 +105,7 @@ class ShardedWriter:
         """Block until this rank's write in flight (and, on rank 0, its commit) is done;
         raise its error."""
         pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        if not pending.done() and who:
-            log.info("%s waits for the write of %s, still in flight", who, self._what)
-        pending.result()
+        wait_for(pending, self._what, who)
 
     def drain(self, raise_error: bool = True) -> None:
         try:
