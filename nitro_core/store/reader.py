@@ -15,10 +15,12 @@ mapping of the file (pages read on first touch, copied only when written):
   reader that folds them into something else (the averaging sum) holds no copy at all.
 - :meth:`RecordFile.verify` hashes every section (``nitro verify``).
 
-All hashing runs on the caller's thread: a reader adds no thread to the caller's own
-(torch's threads and this one never compute at once). The kernel reads ahead: a reader
-keeps it 4 MiB ahead of itself in the ranges it still wants, so the disk works while the
-caller computes, and :meth:`RecordFile.prefetch` asks for a whole section at once.
+All hashing runs on the caller's thread: a reader adds no computing thread to the
+caller's own (torch's threads and this one never compute at once). The kernel reads ahead:
+a reader keeps it 8 MiB ahead of itself in the ranges it still wants, asked of one
+read-ahead thread that only waits on the disk (:mod:`nitro_core.store.readahead`), so the
+disk works while the caller computes, and :meth:`RecordFile.prefetch` asks for a whole
+section at once.
 
 Records are never modified once published (a writer renames a new file into place, and
 retention only unlinks), which is what lets tensors live on a record's pages.
@@ -46,16 +48,14 @@ from typing import Any
 import torch
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing
-from nitro_core.store import digest
+from nitro_core.store import digest, readahead
 from nitro_core.store.safeio import open_nofollow
 from nitro_core.store.writer import FROM_CODE, META_KEY
 
 MAX_HEADER = 100 * 1024 * 1024
 _PIECE = 4 * 1024 * 1024  # bytes hashed (while cached) per call; a streamed piece
 _OWN = 64 * 1024  # tensors under this get their own storage, not a view of the mapping
-_AHEAD = (
-    4 * 1024 * 1024
-)  # bytes the kernel is asked to read ahead of a reader (more: the call blocks)
+_AHEAD = 8 * 1024 * 1024  # bytes a reader keeps the kernel reading ahead of itself
 _FIRST = 64 * 1024  # the first read: the length and, most often, the whole header
 
 
@@ -369,8 +369,9 @@ class RecordFile:
 
     def _ahead(self, at: int, todo: list[Tensor]) -> None:
         """Keep the kernel reading ``_AHEAD`` bytes past ``at`` (file offsets) of the ranges
-        still to read, in the order they are read: the disk works while this thread hashes
-        and its caller sums, and records read side by side are read ahead side by side."""
+        still to read, in the order they are read, asked of the read-ahead thread
+        (:mod:`nitro_core.store.readahead`): the disk works while this thread hashes and its
+        caller sums, and records read side by side are read ahead side by side."""
         if at + _AHEAD // 2 < self.advised:
             return
         assert self.map is not None
@@ -380,7 +381,10 @@ class RecordFile:
             end = min(self.data_start + run[-1].end, until)
             if begin < end:
                 aligned = begin - begin % mmap.PAGESIZE
-                self.map.madvise(mmap.MADV_WILLNEED, aligned, end - aligned)
+                if readahead.AVAILABLE:  # the kernel reads it while this thread goes on
+                    readahead.request(self.fd, aligned, end - aligned)
+                else:
+                    self.map.madvise(mmap.MADV_WILLNEED, aligned, end - aligned)
         self.advised = until
 
     def _release(self, stop: int) -> None:
