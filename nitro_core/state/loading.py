@@ -72,11 +72,10 @@ def load_model_state(
     model.load_state_dict({k: v for k, v in state.items() if k in current}, strict=False)
 
 
-def load_optimizer_fresh_schedule(
-    optimizer: torch.optim.Optimizer, recorded: dict[str, Any]
-) -> None:
-    """Take the record's per-parameter optimizer state but keep this optimizer's
-    hyperparameters (learning rate, betas, ...): a fresh schedule over the old moments."""
+def fresh_schedule(optimizer: torch.optim.Optimizer, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer ``state_dict`` for ``restore_optimizer=True``: the record's per-parameter
+    state (its moments) under this optimizer's hyperparameters (learning rate, betas, ...),
+    a fresh schedule over the old moments."""
     fresh = optimizer.state_dict()["param_groups"]
     groups = recorded["param_groups"]
     if [len(g["params"]) for g in groups] != [len(g["params"]) for g in fresh]:
@@ -87,7 +86,7 @@ def load_optimizer_fresh_schedule(
             "drop restore_optimizer."
         )
     merged = [{**f, "params": g["params"]} for f, g in zip(fresh, groups)]
-    optimizer.load_state_dict({"state": recorded["state"], "param_groups": merged})
+    return {"state": recorded["state"], "param_groups": merged}
 
 
 def _names(keys: list[str], limit: int = 6) -> str:

@@ -36,13 +36,26 @@ def load(
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
-        set_optimizer_state_dict,
     )
 
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, dict(model_state), options=options)
+    load_optimizer(model, optimizer, optimizer_state, meta)
+
+
+def load_optimizer(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    optimizer_state: Mapping[str, Any],
+    meta: Mapping[str, Any],
+) -> None:
+    """A whole optimizer ``state_dict`` (as a record holds it, parameters numbered) into the
+    optimizer of an FSDP2 model: each rank keeps its pieces of every moment."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    state = fqn_optimizer_state(optimizer_state, meta["layout"])
     set_optimizer_state_dict(
-        model, optimizer, fqn_optimizer_state(optimizer_state, meta["layout"]), options=options
+        model, optimizer, state, options=StateDictOptions(full_state_dict=True)
     )
 
 

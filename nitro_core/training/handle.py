@@ -249,6 +249,7 @@ class Nitro:
         self._progress.listener = on_progress
         hooks = StepHooks(self.scheduler, self.ema, self.anchor, self._progress)
         hooks.stepper = self.stepper
+        hooks.ranks = self.dist.gather if self.dist.active else None  # ranks agree on a NaN
         with setup.run_lock(self.run_dir, self.run_id, self.dist.main) as mine:
             if not mine:
                 raise TrainingRefused(

@@ -71,6 +71,9 @@ class StepHooks:
     # ends there (then its end is the point), and the point records the state before the read
     hold: Callable[[], Any] | None = None
     stepper: Stepper | None = None  # None: the plain step (every training-step hook at its default)
+    ranks: Callable[[int], list[int]] | None = (
+        None  # distributed: every rank's value (check_finite)
+    )
 
 
 FOLD = 256  # losses a step keeps on the device before they are folded into Cursor.first_bad
@@ -115,12 +118,29 @@ def fold(cursor: Cursor, end: int) -> None:
     window.clear()
 
 
-def check_finite(cursor: Cursor, epoch: int, step: int, accumulate: int = 1) -> None:
+def check_finite(
+    cursor: Cursor,
+    epoch: int,
+    step: int,
+    accumulate: int = 1,
+    ranks: Callable[[int], list[int]] | None = None,
+) -> None:
     """Raise :class:`NonFiniteLoss` when a loss of the epoch so far was NaN or infinite (one
     host sync: at a checkpoint point, never per step). ``accumulate``: batches per optimizer
-    step (windows start at the epoch's first batch; a short last window steps too)."""
+    step (windows start at the epoch's first batch; a short last window steps too).
+
+    ``ranks`` (a distributed run: every rank's value, in rank order, on every rank) makes
+    the ranks agree: a loss that went non-finite on one rank only (its own data) stops every
+    rank at the same point, naming the earliest batch and its rank, where otherwise that rank
+    would stop alone and the others write its poisoned update and wait for it forever."""
     fold(cursor, cursor.batches)
-    if (bad := int(cursor.first_bad.item())) >= 0:
+    bad, on = int(cursor.first_bad.item()), ""
+    if ranks is not None:
+        found = [(b, r) for r, b in enumerate(ranks(bad)) if b >= 0]
+        if found:
+            bad, rank = min(found)
+            on = f" on rank {rank}"
+    if bad >= 0:
         started = step - -(-cursor.batches // accumulate)  # the step count when the epoch began
         since = (
             f"for epoch {epoch}"
@@ -129,7 +149,7 @@ def check_finite(cursor: Cursor, epoch: int, step: int, accumulate: int = 1) -> 
         )
         raise NonFiniteLoss(
             f"The training loss became non-finite at epoch {epoch}, step "
-            f"{started + bad // accumulate + 1} (batch {bad + 1} of the epoch): the run stopped "
+            f"{started + bad // accumulate + 1} (batch {bad + 1} of the epoch{on}): the run stopped "
             f"before writing anything {since}, and the records already on disk stay. Lower the "
             "learning rate, clip gradients or check the data, then continue from the last "
             "record with resume='auto'."
@@ -224,7 +244,7 @@ def train_epoch(
         step += 1
         after_step(hooks)
     cursor.batches = n
-    check_finite(cursor, epoch, step, stepper.accumulate if stepper is not None else 1)
+    check_finite(cursor, epoch, step, stepper.accumulate if stepper is not None else 1, hooks.ranks)
     return cursor.mean_loss(), step
 
 

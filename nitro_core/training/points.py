@@ -103,7 +103,9 @@ def point(n: Nitro, epoch: Epoch, step: int, on_point: OnPoint | None, end: bool
         n._writer.wait(f"The checkpoint point at {where} (step {step})")
     if not end:  # the epoch end was checked by the loop
         accumulate = n.stepper.accumulate if n.stepper is not None else 1
-        check_finite(cursor, epoch.number, step, accumulate)
+        check_finite(
+            cursor, epoch.number, step, accumulate, n.dist.gather if n.dist.active else None
+        )
     n.step, n.epoch, n.batch = step, epoch.number, batch
     # validate, then check what is watched (a missing or NaN monitor raises here)
     metrics = n.validate() if n.ranking.has_val else {}

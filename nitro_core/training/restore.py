@@ -26,8 +26,8 @@ from nitro_core.sources.selection import check_keep_holds
 from nitro_core.state import ranks, records, rng
 from nitro_core.state.loading import (
     WEIGHTS,
+    fresh_schedule,
     load_model_state,
-    load_optimizer_fresh_schedule,
     read,
 )
 from nitro_core.store import manifest, shards
@@ -159,7 +159,11 @@ def load_weights(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
                 "the wrong parameters. Build the optimizer with the same groups, or drop "
                 "restore_optimizer."
             )
-        load_optimizer_fresh_schedule(n.optimizer, rec.tree("optimizer"))
+        state = fresh_schedule(n.optimizer, rec.tree("optimizer"))
+        if n.dist.strategy == "fsdp":  # each rank takes its pieces of every moment
+            fsdp_state.load_optimizer(n.model, n.optimizer, state, rec.meta)
+        else:
+            n.optimizer.load_state_dict(state)
     n.checkpoint_source = resolved.path
     n.averaged_from = rec.meta.get("averaged_from")
 

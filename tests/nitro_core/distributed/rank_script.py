@@ -18,11 +18,24 @@ from nitro_core import Checkpointer, Last, Nitro
 from nitro_core.examples import Regression
 
 
+NAN_AT = os.environ.get("NITRO_TEST_NAN_AT")  # "RANK:BATCH": that rank's loss turns NaN there
+_seen = [0]
+
+
 class DistRegression(Regression):
     every_steps: int | None = None
 
     def checkpointer(self) -> Checkpointer:
         return Checkpointer(keep=Last(20), every_steps=self.every_steps)
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = super().loss(model, batch)
+        if NAN_AT and model.training:
+            rank, at = map(int, NAN_AT.split(":"))
+            _seen[0] += 1
+            if int(os.environ["RANK"]) == rank and _seen[0] == at:
+                out = out * float("nan")
+        return out
 
 
 def full_parameters(n: Nitro) -> dict[str, torch.Tensor]:
@@ -48,13 +61,48 @@ def slow_shard_writes(seconds: float) -> None:
     write = shards.write
 
     def slowed(tmp, tensors, main):
-        write(tmp, tensors, main)
+        digests = write(tmp, tensors, main)
         time.sleep(seconds)
+        return digests
 
     shards.write = slowed
 
 
+def restore_and_dump(run_dir: str, source: str, strategy: str) -> None:
+    """A new run taking ``source``'s weights and optimizer moments (restore_optimizer=True);
+    each rank writes the whole optimizer state it then holds, keyed ``<param>/<slot>``, and
+    its learning rate."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    exp = DistRegression(max_epochs=1, samples=520, batch_size=32, lr=0.005)
+    n = Nitro(exp, run_dir=run_dir, weights=source, restore_optimizer=True, strategy=strategy)
+    if n.dist.strategy == "fsdp":
+        options = StateDictOptions(full_state_dict=True)
+        state = get_optimizer_state_dict(n.model, n.optimizer, options=options)["state"]
+    else:
+        names = dict(enumerate(name for name, _ in n.model.named_parameters()))
+        state = {names[i]: v for i, v in n.optimizer.state_dict()["state"].items()}
+    flat = {
+        f"{name}/{slot}": v.detach().clone().contiguous()
+        for name, slots in state.items()
+        for slot, v in slots.items()
+        if isinstance(v, torch.Tensor)
+    }
+    lr = str(n.optimizer.param_groups[0]["lr"])
+    params = full_parameters(n)
+    save_file({**flat, **{f"params/{k}": v for k, v in params.items()}},
+              os.path.join(run_dir, f"restored-rank{n.dist.rank}.safetensors"),
+              metadata={"lr": lr})  # fmt: skip
+    n.train()  # the moments step with the parameters they belong to
+    save_file(full_parameters(n), os.path.join(run_dir, f"trained-rank{n.dist.rank}.safetensors"))
+    n.close()
+
+
 def main() -> None:
+    if os.environ.get("NITRO_TEST_RESTORE_FROM"):
+        os.makedirs(sys.argv[1], exist_ok=True)
+        restore_and_dump(sys.argv[1], os.environ["NITRO_TEST_RESTORE_FROM"], sys.argv[4])
+        return
     if os.environ.get("NITRO_TEST_SLOW_SHARD_WRITE"):
         slow_shard_writes(float(os.environ["NITRO_TEST_SLOW_SHARD_WRITE"]))
     run_dir, epochs, resume, strategy = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]

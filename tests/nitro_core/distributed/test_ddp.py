@@ -108,3 +108,19 @@ def test_a_one_process_record_resumes_on_two_ranks_with_the_warning(tmp_path: Pa
             tensors(tmp_path / f"loaded-3-auto-auto-w2-rank{rank}.safetensors"), saved
         )
     assert [e.epoch for e in read_manifest(tmp_path)] == [1, 2, 3]
+
+
+def test_a_loss_non_finite_on_one_rank_only_stops_every_rank_at_the_same_point(
+    tmp_path: Path,
+) -> None:
+    # 260 rows a rank, batches of 32: 9 batches an epoch; a point after every 3 steps. Rank
+    # 1's third loss is NaN: rank 0's losses up to the point are finite (the poisoned update
+    # reaches its parameters through the gradient all-reduce only after its third loss).
+    run = tmp_path / "run"
+    done = torchrun(2, run, 2, "false", "ddp", 3, env={"NITRO_TEST_NAN_AT": "1:3"},
+                    check=False, timeout=90)  # fmt: skip
+    assert done.returncode != 0
+    said = "The training loss became non-finite at epoch 1, step 3 (batch 3 of the epoch on rank 1)"
+    assert done.stderr.count(said) == 2, done.stderr[-4000:]  # both ranks, the same words
+    assert read_manifest(run) == []  # nothing written from the poisoned update
+    assert not list(run.glob("*.safetensors"))

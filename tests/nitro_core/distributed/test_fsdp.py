@@ -168,3 +168,35 @@ def test_a_two_rank_sharded_record_reshards_onto_four_ranks(tmp_path: Path) -> N
             tensors(tmp_path / f"loaded-3-auto-fsdp-w4-rank{rank}.safetensors"), saved
         )
     assert [e.epoch for e in read_manifest(tmp_path)] == [1, 2, 3]
+
+
+def test_restore_optimizer_into_fsdp_takes_every_moment_under_the_new_learning_rate(
+    tmp_path: Path,
+) -> None:
+    from safetensors import safe_open
+
+    a = tmp_path / "a"
+    torchrun(2, a, 2, "false", "fsdp")
+    entry = read_manifest(a)[-1]
+    saved, meta = store.read_record(a / entry.file)
+    names = [name for group in meta["layout"]["groups"] for name in group]
+    slots = sorted({k.rsplit("/", 1)[1] for k in saved if k.startswith("optim/state/")})
+    assert {"exp_avg", "exp_avg_sq"} <= set(slots)
+    for nproc in (2, 1):  # the same world size, and another
+        b = tmp_path / f"b{nproc}"
+        torchrun(nproc, b, 1, "false", "fsdp",
+                 env={"NITRO_TEST_RESTORE_FROM": f"{a / entry.file}/"})  # fmt: skip
+        for rank in range(nproc):
+            path = b / f"restored-rank{rank}.safetensors"
+            with safe_open(str(path), "pt") as f:
+                assert f.metadata()["lr"] == "0.005"  # this experiment's, not the record's
+            got = tensors(path)
+            for i, name in enumerate(names):
+                assert torch.equal(got[f"params/{name}"], saved[f"params/{name}"]), name
+                for slot in slots:
+                    want = saved[f"optim/state/{i}/{slot}"]
+                    assert torch.equal(got[f"{name}/{slot}"], want), (nproc, rank, name, slot)
+        trained = [tensors(b / f"trained-rank{rank}.safetensors") for rank in range(nproc)]
+        for name in names:  # it trained on: the ranks agree, and the parameters moved
+            assert all(torch.equal(t[name], trained[0][name]) for t in trained), name
+            assert not torch.equal(trained[0][name], saved[f"params/{name}"]), name
