@@ -8,16 +8,20 @@ AdamW optimizer whose moments exist (one step taken), about ``--mb`` MB in all (
 plus two moments). Each method runs ``--reps`` times, interleaved, and the medians are
 printed with the ratio against DCP's default writer (target: Nitro within 1.2x).
 
-- nitro save: ``nitro_core.store.shards.write`` (DCP through ``HuggingFaceStorageWriter``,
-  every rank its own safetensors shard, fsynced) plus rank 0's ``publish`` (``header.json``,
-  the digest over every shard, rename, directory fsyncs): what a checkpoint point costs.
+- nitro save: ``nitro_core.store.shards.write`` (``dcp.save`` through Nitro's
+  ``ShardWriter``, :mod:`nitro_core.store.shard_writer`: every rank writes its own
+  safetensors shard on ``HuggingFaceStorageWriter``'s layout straight from its tensors, and
+  hashes it while ``fsync`` puts it on the disk; DCP gathers the digests to rank 0) plus rank
+  0's ``publish`` (``header.json`` naming those digests, rename, directory fsyncs; no shard
+  is read back): what a checkpoint point costs.
 - nitro load: what a resume under FSDP does (``fsdp_state.read_pieces``): the digests
   checked, then DCP loads only this rank's pieces straight into the live parameters and
   optimizer moments, and the optimizer takes its non-tensor state.
 - dcp save / load: ``dcp.save(state, checkpoint_id=dir)`` and ``dcp.load`` into the
   sharded state dict.
-- dcp hf save: ``dcp.save`` through ``HuggingFaceStorageWriter`` alone (the storage layer
-  Nitro writes through), to tell its cost from Nitro's own (header, digests, renames).
+- dcp hf save: ``dcp.save`` through torch's ``HuggingFaceStorageWriter`` (the same files,
+  without digests), which first serializes each rank's whole shard into one ``bytes``
+  object (``safetensors.torch.save``): the writer Nitro used before its own.
 - gather+file: rank 0 gathers the full state (``full_state_dict=True, cpu_offload=True``)
   and writes one safetensors file with fsync (the one-file alternative).
 
@@ -101,9 +105,9 @@ def main() -> None:
     def nitro_save(i: int) -> None:
         tensors, meta = record()
         tmp, final = root / f"nitro-{i}.tmp", root / f"nitro-{i}"
-        shards.write(tmp, tensors, rank == 0)
+        digests = shards.write(tmp, tensors, rank == 0)
         if rank == 0:
-            shards.publish(tmp, final, meta)
+            shards.publish(tmp, final, meta, digests)
         dist.barrier()
 
     def nitro_load(i: int) -> None:

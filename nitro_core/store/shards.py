@@ -13,11 +13,12 @@ Every file is safetensors or JSON: DCP's ``.metadata`` pickle is never written (
 nothing is ever unpickled from a run directory.
 
 Commit, so that a SIGKILL of any rank at any moment leaves the manifest and the records it
-lists intact: every rank writes into ``<name>.tmp/``; DCP's save returns on rank 0 only
-after every rank's files are written and fsynced; rank 0 then writes ``header.json`` (with
-each shard's sha256), fsyncs the directory, renames it to ``<name>``, fsyncs the run
-directory, and only then lists the record in the manifest. A ``.tmp`` directory is never
-selected, loaded or resumed into.
+lists intact: every rank writes its shard into ``<name>.tmp/`` and hashes it
+(:mod:`nitro_core.store.shard_writer`); DCP's save returns on rank 0 only after every rank's
+files are written and fsynced, with every rank's digest; rank 0 then writes ``header.json``
+(naming each shard's digest, no shard read back), fsyncs the directory, renames it to
+``<name>``, fsyncs the run directory, and only then lists the record in the manifest. A
+``.tmp`` directory is never selected, loaded or resumed into.
 
 Digests, the same hash tree as a record file's (:mod:`nitro_core.store.digest`):
 ``header.json`` names the xxh3-128 of every shard file (``"shards": {file: hex}``), and the
@@ -41,7 +42,7 @@ from typing import Any
 import torch
 import xxhash
 
-from nitro_core.errors import CheckpointCorrupt, CheckpointMissing
+from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, RecordError
 from nitro_core.store import digest
 from nitro_core.store.safeio import fsync_dir, open_nofollow
 
@@ -55,47 +56,81 @@ def is_sharded(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink()
 
 
-def write(tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool) -> None:
+def write(tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool) -> dict[str, str]:
     """Every rank's part of ``tensors`` (DTensors: each rank's pieces; plain tensors: one
     copy, written by one rank) into ``tmp`` through DCP. A collective: every rank calls it
-    with the same ``tmp``; on rank 0 it returns once every rank's files are durable."""
-    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+    with the same ``tmp``; on rank 0 it returns, once every rank's files are durable, the
+    digest each rank took of the shard it wrote (``{file name: xxh3-128 hex}``, for
+    :func:`publish`); on the other ranks, ``{}``."""
     from torch.distributed.checkpoint.state_dict_saver import save
 
+    from nitro_core.store.shard_writer import ShardWriter  # lazy: DCP is heavy to import
+
+    _check_tensors(tensors)
     if main:
         remove_tree(tmp)  # a directory a killed write left under this name
         tmp.mkdir(parents=True)
-    save(dict(tensors), storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True))
+    writer = ShardWriter(str(tmp))
+    save(dict(tensors), storage_writer=writer)
+    return dict(writer.digests)
 
 
 def write_async(
     tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool, group: Any
-) -> Future[Any]:
+) -> Future[dict[str, str]]:
     """:func:`write` in the background: DCP's ``async_save`` copies this rank's tensors to
     host memory, returns, and writes them on a thread whose collectives run over ``group``
-    (a process group of their own). The future ends, on rank 0, once every rank's files
-    are durable."""
-    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
+    (a process group of their own). The future ends, on rank 0 once every rank's files are
+    durable, with :func:`write`'s digests."""
     from torch.distributed.checkpoint.state_dict_saver import async_save
 
+    from nitro_core.store.shard_writer import ShardWriter  # lazy: DCP is heavy to import
+
+    _check_tensors(tensors)
     if main:
         remove_tree(tmp)
         tmp.mkdir(parents=True)
-    future = async_save(
-        dict(tensors),
-        storage_writer=HuggingFaceStorageWriter(str(tmp), save_distributed=True),
-        process_group=group,
-    )
-    assert isinstance(future, Future)  # the thread checkpointer returns a plain future
-    return future
+    writer = ShardWriter(str(tmp))
+    saved = async_save(dict(tensors), storage_writer=writer, process_group=group)
+    assert isinstance(saved, Future)  # the thread checkpointer returns a plain future
+    digests: Future[dict[str, str]] = Future()
+
+    def done(finished: Future[Any]) -> None:
+        try:
+            finished.result()
+        except BaseException as exc:
+            digests.set_exception(exc)
+        else:
+            digests.set_result(dict(writer.digests))
+
+    saved.add_done_callback(done)
+    return digests
 
 
-def publish(tmp: Path, final: Path, meta: Mapping[str, Any]) -> tuple[int, str]:
-    """Rank 0, after :func:`write`: add ``header.json``, make the directory durable and
+def _check_tensors(tensors: Mapping[str, Any]) -> None:
+    for name, value in tensors.items():
+        if not isinstance(value, torch.Tensor):
+            raise RecordError(
+                f"Record leaf {name!r} is of type {type(value).__name__}, not a tensor; a "
+                "sharded record holds tensors only (put other values in the record's JSON "
+                "header)."
+            )
+
+
+def publish(
+    tmp: Path, final: Path, meta: Mapping[str, Any], digests: Mapping[str, str]
+) -> tuple[int, str]:
+    """Rank 0, after :func:`write`: add ``header.json`` naming each shard's ``digests`` (as
+    :func:`write` returned them: each rank hashed its own), make the directory durable and
     rename it into place; returns (bytes, the manifest's digest)."""
-    shards = {p.name: _file_digest(p) for p in sorted(tmp.iterdir()) if p.name != HEADER_NAME}
+    present = sorted(p.name for p in tmp.iterdir() if p.name != HEADER_NAME)
+    if present != sorted(digests):
+        raise CheckpointCorrupt(
+            f"Record directory {str(tmp)!r} holds the files {present}, the ranks wrote "
+            f"{sorted(digests)}; another process wrote into it. Save the record again."
+        )
     header = dict(meta)
-    header["shards"] = shards
+    header["shards"] = dict(sorted(digests.items()))
     raw = json.dumps(header, sort_keys=True).encode()
     fd = open_nofollow(tmp / HEADER_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     with os.fdopen(fd, "wb") as f:

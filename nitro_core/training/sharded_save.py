@@ -4,9 +4,10 @@ directory together (:mod:`nitro_core.store.shards`); rank 0 decides, names and c
 Order, so that a SIGKILL of any rank at any moment loses nothing that counted: rank 0
 decides from the manifest whether a selector keeps the point (a point no selector keeps is
 only added to the run's history) and names the record; every rank learns the decision
-(broadcast), writes its shards into ``<name>.tmp/`` (DCP; on rank 0 it returns once every
-rank's files are durable); rank 0 publishes the directory, then, under the manifest lock,
-lists it, applies retention and deletes what retention dropped.
+(broadcast), writes its shards into ``<name>.tmp/`` and hashes the shard it wrote (DCP; on
+rank 0 it returns once every rank's files are durable, with every rank's digest); rank 0
+publishes the directory, then, under the manifest lock, lists it, applies retention and
+deletes what retention dropped.
 
 With ``async_write`` (the default) the shards are copied to host memory and written in
 the background (:class:`ShardedWriter`).
@@ -77,9 +78,9 @@ class ShardedWriter:
         tmp = store.tmp_path(final)
         assert n.checkpointer is not None
         if not n.checkpointer.async_write:
-            shards.write(tmp, tensors, n.dist.main)
+            digests = shards.write(tmp, tensors, n.dist.main)
             if n.dist.main:
-                _commit(n, entry, tmp, meta)
+                _commit(n, entry, tmp, meta, digests)
             n.dist.barrier()  # the next point reads a manifest that lists this record
             return
         written = shards.write_async(tmp, tensors, n.dist.main, n.dist.checkpoint_group)
@@ -88,8 +89,7 @@ class ShardedWriter:
 
             def commit(done: Future[Any]) -> None:
                 try:
-                    done.result()
-                    _commit(n, entry, tmp, meta)
+                    _commit(n, entry, tmp, meta, done.result())
                 except BaseException as exc:  # raised at the next point, or by drain()
                     committed.set_exception(exc)
                 else:
@@ -152,11 +152,13 @@ def _decide(
     )
 
 
-def _commit(n: Nitro, entry: ManifestEntry, tmp: Any, meta: dict[str, Any]) -> None:
+def _commit(
+    n: Nitro, entry: ManifestEntry, tmp: Any, meta: dict[str, Any], digests: dict[str, str]
+) -> None:
     ckpt = n.checkpointer
     assert ckpt is not None
     final = n.run_dir / entry.file
-    size, tree = shards.publish(tmp, final, meta)
+    size, tree = shards.publish(tmp, final, meta, digests)
     entry = entry.model_copy(update={"bytes": size, "digest": tree, "written": manifest.now_iso()})
     point = manifest.Point(
         epoch=entry.epoch, batch=entry.batch, step=entry.step, score=entry.score,

@@ -4,6 +4,7 @@ same DCP storage layer: the header and digests, the readers, and corruption."""
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -20,13 +21,14 @@ def make(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor], str]:
         "params/w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
         "optim/state/0/exp_avg": torch.ones(3, 4),
         "rng/torch": torch.arange(5, dtype=torch.uint8),
+        "buffers/odd": torch.arange(3, dtype=torch.uint8),  # first by name, 3 bytes long
     }
     final = tmp_path / "epoch-0001-step-3"
     tmp = store.tmp_path(final)
     with warnings.catch_warnings():  # DCP: "assuming the intent is to save in a single process"
         warnings.simplefilter("ignore", UserWarning)
-        shards.write(tmp, tensors, main=True)
-    size, tree = shards.publish(tmp, final, {"epoch": 1, "step": 3})
+        digests = shards.write(tmp, tensors, main=True)
+    size, tree = shards.publish(tmp, final, {"epoch": 1, "step": 3}, digests)
     assert size == sum(p.stat().st_size for p in final.iterdir())
     return final, tensors, tree
 
@@ -91,3 +93,88 @@ def test_retention_removes_a_record_directory_with_its_files(tmp_path: Path) -> 
     store.remove_file(final)
     assert not final.exists()
     store.remove_file(final)  # gone already is fine
+
+
+def test_each_shards_digest_in_the_header_is_the_digest_of_its_bytes_on_disk(
+    tmp_path: Path,
+) -> None:
+    final, _, _ = make(tmp_path)
+    listed = json.loads((final / "header.json").read_bytes())["shards"]
+    assert sorted(listed) == ["shard-00001-model-00001-of-00001.safetensors"]
+    for name, value in listed.items():  # the writer hashed what it wrote, not a re-read
+        assert value == shards._file_digest(final / name)
+
+
+def test_a_shard_is_a_safetensors_file_on_dcps_layout(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    final, tensors, _ = make(tmp_path)
+    shard = final / "shard-00001-model-00001-of-00001.safetensors"
+    with safe_open(str(shard), framework="pt") as f:
+        assert sorted(f.keys()) == sorted(tensors)
+        for k, v in tensors.items():
+            assert torch.equal(f.get_tensor(k), v), k
+        meta = f.metadata()
+    assert meta["DCP_VERSION"] == "1.0" and meta["format"] == "pt"
+    assert json.loads(meta["DCP_SHARDING_INFO"]) == {
+        "params/w": {"saved_offsets": [0, 0]},
+        "optim/state/0/exp_avg": {"saved_offsets": [0, 0]},
+        "rng/torch": {"saved_offsets": [0]},
+        "buffers/odd": {"saved_offsets": [0]},
+    }
+    raw = shard.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    entries = json.loads(raw[8 : 8 + length])
+    for k, v in tensors.items():  # each piece starts where its element size divides
+        assert (8 + length + entries[k]["data_offsets"][0]) % v.element_size() == 0, k
+
+
+def test_publish_refuses_a_directory_holding_a_file_no_rank_wrote(tmp_path: Path) -> None:
+    tmp = tmp_path / "epoch-0001-step-3.tmp"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        digests = shards.write(tmp, {"params/w": torch.ones(2)}, main=True)
+    (tmp / "shard-00002-model-00001-of-00001.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointCorrupt) as e:
+        shards.publish(tmp, tmp_path / "epoch-0001-step-3", {}, digests)
+    assert str(e.value) == (
+        f"Record directory {str(tmp)!r} holds the files "
+        "['shard-00001-model-00001-of-00001.safetensors', "
+        "'shard-00002-model-00001-of-00001.safetensors'], the ranks wrote "
+        "['shard-00001-model-00001-of-00001.safetensors']; another process wrote into it. "
+        "Save the record again."
+    )
+    assert not (tmp_path / "epoch-0001-step-3").exists()
+
+
+def test_a_sharded_record_leaf_that_is_not_a_tensor_is_refused(tmp_path: Path) -> None:
+    from nitro_core.errors import RecordError
+
+    with warnings.catch_warnings(), pytest.raises(RecordError) as e:
+        warnings.simplefilter("ignore", UserWarning)
+        shards.write(tmp_path / "r.tmp", {"params/w": torch.ones(2), "n": 3}, main=True)  # type: ignore[dict-item]
+    assert str(e.value) == (
+        "Record leaf 'n' is of type int, not a tensor; a sharded record holds tensors only "
+        "(put other values in the record's JSON header)."
+    )
+
+
+def test_a_shard_is_fsynced_before_its_header_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nitro_core.store import shard_writer
+
+    synced: list[str] = []
+    real = shard_writer.os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(shard_writer.os, "fsync", fsync)
+    final, _, _ = make(tmp_path)
+    tmp = store.tmp_path(final)  # the shard first, then publish's header and directories
+    assert synced[:2] == [
+        str(tmp / "shard-00001-model-00001-of-00001.safetensors"),
+        str(tmp / "header.json"),
+    ]

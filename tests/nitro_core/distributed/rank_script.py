@@ -17,7 +17,6 @@ from safetensors.torch import save_file
 from nitro_core import Checkpointer, Last, Nitro
 from nitro_core.examples import Regression
 
-
 NAN_AT = os.environ.get("NITRO_TEST_NAN_AT")  # "RANK:BATCH": that rank's loss turns NaN there
 _seen = [0]
 
