@@ -19,6 +19,7 @@ once. Uniform weights.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,25 +72,15 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
     sums: dict[str, torch.Tensor] = {}
     dtypes: dict[str, torch.dtype] = {}
     kept: dict[str, torch.Tensor] = {}  # what the state record supplies as it is
-    for g, group in enumerate(_groups(picked)):
-        records = _open(run_dir, group)
-        try:
-            _check_layouts(records, averaged, targets, resolved)
-            states = [e.file == resolved.path.name for e in group]
-            for step in _lockstep([r.stream(averaged, _STEP) for r in records]):
-                t = step[0][0]
-                if t.name in targets and step[0][2].is_floating_point():
-                    pieces = [p for _, _, p in step]
-                    _accumulate(sums, dtypes, t.name, t.shape, step[0][1], pieces, fresh=g == 0)
-                elif any(states):  # counters: the state record's, never averaged
-                    _, first, piece = step[states.index(True)]
-                    whole = kept.setdefault(t.name, torch.empty(t.shape, dtype=piece.dtype))
-                    whole.view(-1)[first : first + piece.numel()] = piece
-            if any(states):  # layer state, never averaged
-                kept.update(records[states.index(True)].read({"buffers"}))
-        finally:
-            for r in records:
-                r.close()
+    hasher = _hasher()
+    try:
+        for g, group in enumerate(_groups(picked)):
+            _fold_group(
+                run_dir, group, g == 0, sums, dtypes, kept, averaged, targets, resolved, hasher
+            )
+    finally:
+        if hasher is not None:
+            hasher.shutdown()
     count = len(picked)
     for name in list(sums):  # cast back one tensor at a time, freeing its sum
         kept[name] = _mean(sums.pop(name), count, dtypes[name])
@@ -110,6 +101,49 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
 
 _GROUP = 16  # records read side by side (each an open file)
 _STEP = 256 * 1024  # bytes of each record per step: the records' pieces and their sum stay cached
+
+
+def _fold_group(
+    run_dir: Path,
+    group: list[ManifestEntry],
+    fresh: bool,
+    sums: dict[str, torch.Tensor],
+    dtypes: dict[str, torch.dtype],
+    kept: dict[str, torch.Tensor],
+    averaged: set[str],
+    targets: set[str],
+    resolved: Resolved,
+    hasher: ThreadPoolExecutor | None,
+) -> None:
+    """Add one group of records, read side by side, into ``sums`` (set from the first record
+    when ``fresh``); the state record's counters and layer state go to ``kept``."""
+    records = _open(run_dir, group)
+    try:
+        _check_layouts(records, averaged, targets, resolved)
+        states = [e.file == resolved.path.name for e in group]
+        for step in _lockstep([r.stream(averaged, _STEP, hasher) for r in records]):
+            t = step[0][0]
+            if t.name in targets and step[0][2].is_floating_point():
+                pieces = [p for _, _, p in step]
+                _accumulate(sums, dtypes, t.name, t.shape, step[0][1], pieces, fresh)
+            elif any(states):  # counters: the state record's, never averaged
+                _, first, piece = step[states.index(True)]
+                whole = kept.setdefault(t.name, torch.empty(t.shape, dtype=piece.dtype))
+                whole.view(-1)[first : first + piece.numel()] = piece
+        if any(states):  # layer state, never averaged
+            kept.update(records[states.index(True)].read({"buffers"}))
+    finally:
+        for r in records:
+            r.close()
+
+
+def _hasher() -> ThreadPoolExecutor | None:
+    """A thread that hashes the records' pieces while this one sums them, where torch's
+    thread budget allows a second thread (the sum runs on this thread alone); None: this
+    thread hashes too."""
+    if torch.get_num_threads() < 2:
+        return None
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="nitro-hash")
 
 
 def _groups(picked: Sequence[ManifestEntry]) -> list[list[ManifestEntry]]:

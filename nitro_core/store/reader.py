@@ -40,6 +40,7 @@ import os
 import stat
 import struct
 from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,14 +333,22 @@ class RecordFile:
         return out
 
     def stream(
-        self, sections: Collection[str] | None = None, piece_bytes: int = _PIECE
+        self,
+        sections: Collection[str] | None = None,
+        piece_bytes: int = _PIECE,
+        hasher: Executor | None = None,
     ) -> Iterator[tuple[Tensor, int, torch.Tensor]]:
         """Yield ``(tensor, first element, flat piece)`` for the wanted sections' tensors in
         file order, in pieces of at most ``piece_bytes`` (4 MiB), each a view of the file's
         mapped pages: a
         piece is meant to be used before the next one is yielded (its pages are then
         unmapped, and read from the file again if touched). A corrupt section raises after its
-        last piece, so a consumer must exhaust the iterator before trusting what it built."""
+        last piece, so a consumer must exhaust the iterator before trusting what it built.
+
+        ``hasher`` (an executor with one worker, for a caller with a core to spare) hashes
+        each piece while the caller uses it; the piece's pages are given back only once its
+        hash is done. One worker runs the jobs in the order given, which keeps each
+        section's hash in file order, and may serve several streams."""
         todo, wanted = self._plan(sections)
         self._advise(todo, getattr(mmap, "MADV_SEQUENTIAL", 0))
         sums = self._start()
@@ -357,12 +366,18 @@ class RecordFile:
             for start in range(at, at + t.size, step):
                 stop = min(start + step, at + t.size)
                 self._ahead(start, todo)
-                self._hash(sums, t, pages[start:stop])
+                hashed = None
+                if hasher is None:
+                    self._hash(sums, t, pages[start:stop])
+                else:
+                    hashed = hasher.submit(self._hash, sums, t, pages[start:stop])
                 if wanted(t):
                     piece = base[start:stop]
                     if start % width:
                         piece = piece.clone()
                     yield t, (start - at) // width, piece.view(t.dtype)
+                if hashed is not None:
+                    hashed.result()  # its pages are dropped next
                 self._release(stop)
         del pages
         self._check(sums, todo)

@@ -7,6 +7,8 @@ fixture kept from that format) still load, average and verify."""
 from __future__ import annotations
 
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -214,3 +216,53 @@ def test_a_flip_in_a_record_written_before_sections_is_caught_by_its_old_digests
     with pytest.raises(CheckpointCorrupt):
         average_checkpoints(old, "latest => Average(Last(3))")  # an old record is hashed whole
     assert [c.ok for c in verify(old)] == [True, True, False]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_averaging_hashes_beside_the_sum_when_a_core_is_spare_and_still_catches_a_flip(
+    run, threads, monkeypatch
+):
+    from nitro_core.store import digest
+
+    hashed_on: set[str] = set()  # the threads that hashed the averaged sections
+    real = digest.Sections.update
+
+    def update(self, section, view):
+        if section in ("params", "ema"):
+            hashed_on.add(threading.current_thread().name.split("_")[0])
+        return real(self, section, view)
+
+    monkeypatch.setattr(digest.Sections, "update", update)
+    was = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        average_checkpoints(run, "latest => Average(Last(2))")
+        assert hashed_on == ({"nitro-hash"} if threads > 1 else {"MainThread"})
+        latest = run / read_manifest(run)[-1].file
+        flip(latest, "params")
+        with pytest.raises(CheckpointCorrupt) as exc:
+            average_checkpoints(run, "latest => Average(Last(2))")
+        assert str(exc.value) == refusal(latest, "params")
+    finally:
+        torch.set_num_threads(was)
+
+
+def test_a_stream_checks_its_digests_only_after_the_hashing_thread_is_done(run, monkeypatch):
+    from nitro_core.store import digest
+
+    expected = average_checkpoints(run, "latest => Average(Last(2))").state
+    real = digest.Sections.update
+
+    def slow(self, section, view):
+        time.sleep(0.005)  # a hashing thread that lags behind the sum
+        return real(self, section, view)
+
+    monkeypatch.setattr(digest.Sections, "update", slow)
+    was = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        state = average_checkpoints(run, "latest => Average(Last(2))").state
+    finally:
+        torch.set_num_threads(was)
+    assert state.keys() == expected.keys()
+    assert all(torch.equal(state[k], expected[k]) for k in state)
