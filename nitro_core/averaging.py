@@ -100,7 +100,7 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
 
 
 _GROUP = 16  # records read side by side (each an open file)
-_STEP = 256 * 1024  # bytes of each record per step: the records' pieces and their sum stay cached
+_STEP = 1024 * 1024  # bytes of each record per step (measured best of 256 KiB to 4 MiB, cold)
 
 
 def _fold_group(

@@ -5,22 +5,24 @@ exactly the sections read verified (:mod:`nitro_core.store.digest`).
 checks what the header alone can tell: the JSON, tensors that tile the data section with
 no gap and match their shapes, a file size equal to what the header describes (a truncated
 file, or bytes past the end, are refused before any tensor is read), and, for a listed
-record, the header bytes against the manifest's digest. Then, over a private memory
-mapping of the file (pages read on first touch, copied only when written):
+record, the header bytes against the manifest's digest. Then:
 
-- :meth:`RecordFile.read` makes each wanted tensor a view of its bytes (no copy; a tensor
-  under 64 KiB gets its own storage) and hashes its sections piece by piece while each
+- :meth:`RecordFile.read` makes each wanted tensor a view of its bytes in a private memory
+  mapping of the file (pages read on first touch, copied only when written; no copy; a
+  tensor under 64 KiB gets its own storage) and hashes its sections piece by piece while each
   piece is cached; a mismatch raises before anything is returned.
-- :meth:`RecordFile.stream` yields the wanted sections' tensors in pieces of a few MiB, so a
-  reader that folds them into something else (the averaging sum) holds no copy at all.
+- :meth:`RecordFile.stream` reads the wanted sections' tensors (``preadv``, not the
+  mapping) in pieces of a few MiB into two reused buffers, so a reader that folds them into
+  something else (the averaging sum) holds nothing but those buffers; a caller with a core
+  to spare passes a one-thread executor that reads and hashes the next piece meanwhile.
 - :meth:`RecordFile.verify` hashes every section (``nitro verify``).
 
-All hashing runs on the caller's thread: a reader adds no computing thread to the
-caller's own (torch's threads and this one never compute at once). The kernel reads ahead:
-a reader keeps it 8 MiB ahead of itself in the ranges it still wants, asked of one
-read-ahead thread that only waits on the disk (:mod:`nitro_core.store.readahead`), so the
-disk works while the caller computes, and :meth:`RecordFile.prefetch` asks for a whole
-section at once.
+Otherwise hashing runs on the caller's thread: a reader adds no computing thread the caller
+did not give it. The kernel reads ahead: :meth:`RecordFile.read` keeps it 8 MiB ahead of
+itself in the ranges it still wants, asked of one read-ahead thread that only waits on the
+disk (:mod:`nitro_core.store.readahead`), so the disk works while the caller computes (a
+stream's reads in file order get the kernel's own read-ahead), and
+:meth:`RecordFile.prefetch` asks for a whole section at once.
 
 Records are never modified once published (a writer renames a new file into place, and
 retention only unlinks), which is what lets tensors live on a record's pages.
@@ -148,7 +150,6 @@ class RecordFile:
     def __init__(self, path: Path, expected: str | None = None) -> None:
         self.path = Path(path)
         self.map: mmap.mmap | None = None
-        self.released = 0  # mapped bytes a stream has given back (a multiple of the page size)
         self.advised = 0  # file offset up to which the kernel was asked to read ahead
         self.fd = open_record(self.path)
         try:
@@ -339,48 +340,56 @@ class RecordFile:
         hasher: Executor | None = None,
     ) -> Iterator[tuple[Tensor, int, torch.Tensor]]:
         """Yield ``(tensor, first element, flat piece)`` for the wanted sections' tensors in
-        file order, in pieces of at most ``piece_bytes`` (4 MiB), each a view of the file's
-        mapped pages: a
-        piece is meant to be used before the next one is yielded (its pages are then
-        unmapped, and read from the file again if touched). A corrupt section raises after its
-        last piece, so a consumer must exhaust the iterator before trusting what it built.
+        file order, in pieces of at most ``piece_bytes`` (4 MiB), each read (``preadv``) into
+        one of two buffers the stream reuses: a piece is meant to be used before the next
+        one is yielded, and while it is used it is still in the CPU's cache from the read.
+        A consumer that folds the pieces into something else (the averaging sum) so holds
+        nothing of the file but those buffers. A corrupt section raises after its last piece,
+        so a consumer must exhaust the iterator before trusting what it built.
 
-        ``hasher`` (an executor with one worker, for a caller with a core to spare) hashes
-        each piece while the caller uses it; the piece's pages are given back only once its
-        hash is done. One worker runs the jobs in the order given, which keeps each
-        section's hash in file order, and may serve several streams."""
+        Why reads and not the mapping :meth:`read` uses: a piece read from the disk through
+        a mapping costs a page fault per few pages and the unmapping behind it; one
+        ``preadv`` per piece is cheaper, and the kernel reads ahead of a file read in order
+        (measured in ``bench/averaging.py``, cold: 1.1x the plain read against 1.4x).
+
+        ``hasher`` (an executor with one worker, for a caller with a core to spare) reads and
+        hashes the next piece, into a second buffer, while the caller uses this one. One
+        worker runs the jobs in the order given, which keeps each section's hash in file
+        order, and may serve several streams."""
         todo, wanted = self._plan(sections)
-        self._advise(todo, getattr(mmap, "MADV_SEQUENTIAL", 0))
         sums = self._start()
-        base, pages = (
-            self._mapped() if todo else (torch.empty(0, dtype=torch.uint8), memoryview(b""))
-        )
-        for t in todo:
-            if t.size == 0:
-                if wanted(t):
-                    yield t, 0, torch.empty(0, dtype=t.dtype)
-                continue
-            width = _element_size(t.dtype)
-            step = max(width, piece_bytes - piece_bytes % width)
-            at = self.data_start + t.begin
-            for start in range(at, at + t.size, step):
-                stop = min(start + step, at + t.size)
-                self._ahead(start, todo)
-                hashed = None
-                if hasher is None:
-                    self._hash(sums, t, pages[start:stop])
-                else:
-                    hashed = hasher.submit(self._hash, sums, t, pages[start:stop])
-                if wanted(t):
-                    piece = base[start:stop]
-                    if start % width:
-                        piece = piece.clone()
-                    yield t, (start - at) // width, piece.view(t.dtype)
-                if hashed is not None:
-                    hashed.result()  # its pages are dropped next
-                self._release(stop)
-        del pages
+        plan = list(_pieces(todo, self.data_start, piece_bytes))
+        buffers = [torch.empty(max(piece_bytes, 16), dtype=torch.uint8) for _ in range(2)]
+        views = [b.numpy().data.cast("B") for b in buffers]
+
+        def fetch(i: int) -> None:
+            """Read the ``i``-th piece into its buffer and hash it."""
+            t, start, n, _ = plan[i]
+            if n:
+                self._pread_into(views[i % 2][:n], start)
+                self._hash(sums, t, views[i % 2][:n])
+
+        ahead = hasher.submit(fetch, 0) if hasher is not None and plan else None
+        for i, (t, _, n, first) in enumerate(plan):
+            if hasher is None:
+                fetch(i)
+            else:  # the next piece is read and hashed while the caller uses this one
+                assert ahead is not None
+                ahead.result()
+                ahead = hasher.submit(fetch, i + 1) if i + 1 < len(plan) else None
+            if wanted(t):
+                yield t, first, buffers[i % 2][:n].view(t.dtype)
         self._check(sums, todo)
+
+    def _pread_into(self, view: memoryview, offset: int) -> None:
+        """Fill ``view`` from the file at ``offset``; a short read means the file shrank
+        since its size was checked."""
+        got = 0
+        while got < len(view) and (k := os.preadv(self.fd, [view[got:]], offset + got)):
+            got += k
+        if got < len(view):
+            described = self.data_start + self.data_bytes
+            raise truncated(self.path, described - os.fstat(self.fd).st_size)
 
     def _ahead(self, at: int, todo: list[Tensor]) -> None:
         """Keep the kernel reading ``_AHEAD`` bytes past ``at`` (file offsets) of the ranges
@@ -401,15 +410,6 @@ class RecordFile:
                 else:
                     self.map.madvise(mmap.MADV_WILLNEED, aligned, end - aligned)
         self.advised = until
-
-    def _release(self, stop: int) -> None:
-        """Drop this process's mapping of the pages before ``stop`` (a stream has used them;
-        the page cache keeps them), so a stream's resident memory stays a few pieces."""
-        assert self.map is not None
-        end = stop - stop % mmap.PAGESIZE
-        if end > self.released:
-            self.map.madvise(mmap.MADV_DONTNEED, self.released, end - self.released)
-            self.released = end
 
     def verify(self) -> None:
         """Hash every section (every byte) against the header, or the manifest."""
@@ -449,6 +449,23 @@ class RecordFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _pieces(
+    tensors: list[Tensor], data_start: int, piece_bytes: int
+) -> Iterator[tuple[Tensor, int, int, int]]:
+    """``(tensor, file offset, bytes, first element)`` of each piece of ``tensors`` in file
+    order, at most ``piece_bytes`` each and a whole number of elements (an empty tensor is
+    one piece of no bytes)."""
+    for t in tensors:
+        if t.size == 0:
+            yield t, data_start + t.begin, 0, 0
+            continue
+        width = _element_size(t.dtype)
+        step = max(width, piece_bytes - piece_bytes % width)
+        at = data_start + t.begin
+        for start in range(at, at + t.size, step):
+            yield t, start, min(step, at + t.size - start), (start - at) // width
 
 
 def _runs(tensors: list[Tensor]) -> Iterator[list[Tensor]]:

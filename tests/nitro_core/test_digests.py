@@ -247,14 +247,14 @@ def test_averaging_hashes_beside_the_sum_when_a_core_is_spare_and_still_catches_
         torch.set_num_threads(was)
 
 
-def test_a_stream_checks_its_digests_only_after_the_hashing_thread_is_done(run, monkeypatch):
+def test_a_stream_yields_a_piece_only_once_the_thread_has_read_and_hashed_it(run, monkeypatch):
     from nitro_core.store import digest
 
     expected = average_checkpoints(run, "latest => Average(Last(2))").state
     real = digest.Sections.update
 
     def slow(self, section, view):
-        time.sleep(0.005)  # a hashing thread that lags behind the sum
+        time.sleep(0.005)  # a reading thread that lags behind the sum
         return real(self, section, view)
 
     monkeypatch.setattr(digest.Sections, "update", slow)

@@ -5,6 +5,7 @@ and a truncated or malformed file refused before any tensor is made."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 
 import pytest
@@ -93,4 +94,21 @@ def test_a_tensor_whose_bytes_do_not_match_its_shape_is_a_malformed_header(tmp_p
         store.read_record(path)
     assert (
         str(exc.value) == f"Checkpoint {str(path)!r} has a malformed header at tensor 'params/w'."
+    )
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_a_record_cut_short_after_it_was_opened_is_refused_by_a_stream(tmp_path, threaded):
+    from concurrent.futures import ThreadPoolExecutor
+
+    path, digest, _ = record(tmp_path)
+    size = path.stat().st_size
+    with reader.RecordFile(path, digest) as opened, ThreadPoolExecutor(1) as pool:
+        os.truncate(path, size - 300_000)  # cut after the size was checked, several pieces short
+        with pytest.raises(CheckpointCorrupt) as exc:
+            for _ in opened.stream(piece_bytes=64 * 1024, hasher=pool if threaded else None):
+                pass
+    assert str(exc.value) == (
+        f"Checkpoint {str(path)!r} is truncated: it ends 300000 bytes short of what its "
+        "header describes. Load another checkpoint (read_manifest lists them)."
     )
