@@ -24,12 +24,13 @@ Part 2, wall time of ``--epochs`` epochs with a checkpoint at every epoch end (a
 sync) against the same run with ``checkpointer() -> None``, interleaved over ``--reps``
 repetitions (medians). Target: async <= 1.1x.
 
-On a shared machine the figures move from run to run; on CPU the writer thread's memcpy and
-hashing compete with training for the same cores (with torch using every core, a write
-outlasts the 8 steps between points and the next point waits for it; ``--threads 1`` leaves
-the writer a core, as a GPU run leaves the CPU), and ``train()`` returns only after the last
-write, which nothing overlaps (``--epochs`` spreads it). ``--device cuda`` times
-device-to-host copies into pinned buffers instead.
+On a shared machine the figures move from run to run. On CPU the writer thread's work
+(writing ~250 MB into the page cache, hashing it: about 0.25 s of CPU a record here) comes
+out of the same cores training uses: with torch on every core of a 2-core machine, part 2
+measured 1.3x to 1.6x, the CPU time of the writes themselves; ``--threads 1`` leaves the
+writer a core, as a GPU run leaves the CPU (part 2 measured 0.94x to 1.1x). ``train()``
+returns only after the last write, which nothing overlaps (``--epochs`` spreads it).
+``--device cuda`` times device-to-host copies into pinned buffers instead.
 
 Run from the repository root:  python bench/async_write.py [--mb 256] [--device cpu]
 """

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
-import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,7 +42,6 @@ log = logging.getLogger(__name__)
 
 SUFFIX = ".safetensors"
 _PLACEHOLDER_DIGEST = "xxh3-128-tree:" + "0" * 32
-WRITER_NICENESS = 10  # added to the writer thread's nice value (Linux)
 
 
 def record_name(
@@ -71,17 +67,6 @@ def _detached(meta: dict[str, Any]) -> dict[str, Any]:
     never changes once appended), so a point's cost does not grow with the run's points."""
     copied = json.loads(json.dumps({k: v for k, v in meta.items() if k != "history"}))
     return {k: list(v) if k == "history" else copied[k] for k, v in meta.items()}
-
-
-def _yield_to_training() -> None:
-    """Lower the writer thread's CPU priority (and its hashing threads', which inherit it):
-    where training keeps every core busy (a CPU run), the write takes the cycles training
-    leaves; where it does not (a GPU run), nothing changes. Best effort: Linux only."""
-    if hasattr(os, "setpriority") and sys.platform.startswith("linux"):
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
-        except OSError:
-            pass
 
 
 def wait_for(pending: Future[Any] | None, what: str, who: str) -> None:
@@ -174,9 +159,10 @@ class CheckpointWriter:
         if self._copier is None:
             return job(*args)
         if self._thread is None:
-            self._thread = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="nitro-writer", initializer=_yield_to_training
-            )
+            # at the training thread's priority: a writer niced below it, on a CPU run whose
+            # torch threads keep every core busy, was still writing at the next point, which
+            # then waited for it (bench/async_write.py: 200 ms blocked a point, against 30)
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nitro-writer")
         self._pending, self._pending_what = self._thread.submit(job, *args), what
         return None
 

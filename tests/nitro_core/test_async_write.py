@@ -8,6 +8,7 @@ synchronous write raises; ``train()`` returns after the last commit."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -198,3 +199,19 @@ def test_cuda_leaves_are_copied_into_pinned_host_buffers():
     torch.cuda.synchronize()
     assert host.is_pinned() and host.device.type == "cpu"
     assert torch.equal(host, (live - 1).cpu())
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no thread priorities")
+def test_the_writer_thread_runs_at_the_training_threads_priority(tmp_path, monkeypatch):
+    # a writer niced below training was starved on a CPU run (torch's threads keep every
+    # core busy) and still in flight at the next point, which then waited for it
+    seen = []
+    real = recordio.write_record
+
+    def write_record(target, tensors, meta):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(target, tensors, meta)
+
+    monkeypatch.setattr(recordio, "write_record", write_record)
+    Nitro(Steps(every=4, max_epochs=1), run_dir=tmp_path).train()
+    assert seen and set(seen) == {os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}
