@@ -295,10 +295,11 @@ class ShardedRecord:
         )
 
     def stream(
-        self, sections: Any = None, piece_bytes: int = 4 * 1024 * 1024
+        self, sections: Any = None, piece_bytes: int = 4 * 1024 * 1024, hasher: Any = None
     ) -> Iterator[tuple[Any, int, torch.Tensor]]:
         """``(tensor, first element, flat piece)`` in name order, cut as a file's are. One
-        tensor is assembled at a time (read records side by side hold one tensor each)."""
+        tensor is assembled at a time (read records side by side hold one tensor each).
+        ``hasher`` is :meth:`RecordFile.stream`'s and unused: DCP reads each tensor whole."""
         wanted = None if sections is None else set(sections)
         for t in self.tensors:
             if wanted is not None and t.section not in wanted:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,11 @@ def test_a_record_directory_reads_back_whole_and_by_section(tmp_path: Path) -> N
         assert [first for _, first, _ in pieces] == [0, 4, 8]
         joined = torch.cat([p for _, _, p in pieces])
         assert torch.equal(joined, tensors["params/w"].reshape(-1))
+        with ThreadPoolExecutor(1) as pool:  # as averaging streams records, files or not
+            threaded = list(record.stream({"params"}, 16, pool))
+        assert [(t.name, first) for t, first, _ in threaded] == [
+            (t.name, first) for t, first, _ in pieces
+        ]
 
 
 def test_a_changed_header_or_shard_is_refused_naming_it(tmp_path: Path) -> None:
