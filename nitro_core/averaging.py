@@ -69,21 +69,18 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
         )
     targets = {f"params/{k}" for k in params} | ({f"ema/{k}" for k in params} if has_ema else set())
     averaged = {"params", "ema"} if has_ema else {"params"}  # the sections read of every record
-    sums: dict[str, torch.Tensor] = {}
-    dtypes: dict[str, torch.dtype] = {}
+    count = len(picked)
+    groups = _groups(picked)
+    sums = _Sums(count, one_pass=len(groups) == 1)
     kept: dict[str, torch.Tensor] = {}  # what the state record supplies as it is
     hasher = _hasher()
     try:
-        for g, group in enumerate(_groups(picked)):
-            _fold_group(
-                run_dir, group, g == 0, sums, dtypes, kept, averaged, targets, resolved, hasher
-            )
+        for g, group in enumerate(groups):
+            _fold_group(run_dir, group, g == 0, sums, kept, averaged, targets, resolved, hasher)
     finally:
         if hasher is not None:
             hasher.shutdown()
-    count = len(picked)
-    for name in list(sums):  # cast back one tensor at a time, freeing its sum
-        kept[name] = _mean(sums.pop(name), count, dtypes[name])
+    kept.update(sums.means())
     state = state_dict_from(kept, layout)
     ema = state_dict_from(kept, layout, prefix="ema/") if has_ema else None
     averaged_from = {
@@ -107,8 +104,7 @@ def _fold_group(
     run_dir: Path,
     group: list[ManifestEntry],
     fresh: bool,
-    sums: dict[str, torch.Tensor],
-    dtypes: dict[str, torch.dtype],
+    sums: _Sums,
     kept: dict[str, torch.Tensor],
     averaged: set[str],
     targets: set[str],
@@ -125,7 +121,7 @@ def _fold_group(
             t = step[0][0]
             if t.name in targets and step[0][2].is_floating_point():
                 pieces = [p for _, _, p in step]
-                _accumulate(sums, dtypes, t.name, t.shape, step[0][1], pieces, fresh)
+                sums.add(t.name, t.shape, step[0][1], pieces, fresh)
             elif any(states):  # counters: the state record's, never averaged
                 _, first, piece = step[states.index(True)]
                 whole = kept.setdefault(t.name, torch.empty(t.shape, dtype=piece.dtype))
@@ -204,25 +200,65 @@ _NUMPY = (torch.float16, torch.float32, torch.float64)  # numpy adds these witho
 _INLINE = 32768  # elements: under torch's grain size, an op runs on the calling thread alone
 
 
-def _accumulate(
-    sums: dict[str, torch.Tensor],
-    dtypes: dict[str, torch.dtype],
-    name: str,
-    shape: tuple[int, ...],
-    first: int,
-    pieces: list[torch.Tensor],
-    fresh: bool,
-) -> None:
-    """``sums[name][first:first+len(piece)] += piece`` in float64 for each record's piece of
-    the same elements, on the calling thread: the sum's slice stays in the cache while every
-    record is added into it (a memory-bound add gains little from more threads, and a
-    parallel region per piece would wait on any thread the machine's other work has
-    descheduled; the caller's torch threads are left to the caller). With ``fresh`` (the
-    first group of records) the slice is set from the first piece rather than zeroed first."""
-    if name not in sums:
-        sums[name] = torch.empty(shape, dtype=torch.float64)
-        dtypes[name] = pieces[0].dtype
-    target = sums[name].view(-1)[first : first + pieces[0].numel()]
+class _Sums:
+    """The records' float64 sums, folded piece by piece, and their means.
+
+    With every record read in one group (at most ``_GROUP``), a slice of the sum is whole
+    after one step, so it lives in a small scratch buffer the steps reuse and goes straight
+    to the mean, in the tensor's own dtype: no tensor-sized float64 sum is made, and no
+    second pass divides it. With several groups, each tensor's sum is kept whole across
+    them and divided at the end. Either way each element is the same float64 sum, in the
+    same order, divided by the count and cast once."""
+
+    def __init__(self, count: int, one_pass: bool) -> None:
+        self.count = count
+        self.one_pass = one_pass
+        self.scratch = torch.empty(0, dtype=torch.float64)
+        self.totals: dict[str, torch.Tensor] = {}  # several groups: whole float64 sums
+        self.dtypes: dict[str, torch.dtype] = {}
+        self.done: dict[str, torch.Tensor] = {}  # means, in each tensor's dtype
+
+    def add(
+        self, name: str, shape: tuple[int, ...], first: int, pieces: list[torch.Tensor], fresh: bool
+    ) -> None:
+        """Fold each record's piece of elements ``first...`` of ``name`` into its sum (set
+        from the first piece when ``fresh``: the first group)."""
+        n = pieces[0].numel()
+        if self.one_pass:
+            if self.scratch.numel() < n:
+                self.scratch = torch.empty(n, dtype=torch.float64)
+            target = self.scratch[:n]
+        else:
+            if name not in self.totals:
+                self.totals[name] = torch.empty(shape, dtype=torch.float64)
+                self.dtypes[name] = pieces[0].dtype
+            target = self.totals[name].view(-1)[first : first + n]
+        _fold(target, pieces, fresh)
+        if self.one_pass:
+            if name not in self.done:
+                self.done[name] = torch.empty(shape, dtype=pieces[0].dtype)
+            _divide(target, self.count, self.done[name].view(-1)[first : first + n])
+
+    def means(self) -> dict[str, torch.Tensor]:
+        """Every tensor's mean (the whole sums divided one tensor at a time, each freed)."""
+        for name in list(self.totals):
+            total = self.totals.pop(name)
+            self.done[name] = torch.empty(total.shape, dtype=self.dtypes[name])
+            _divide(total.view(-1), self.count, self.done[name].view(-1))
+        return self.done
+
+
+_NUMPY = (torch.float16, torch.float32, torch.float64)  # numpy adds these without a temporary
+_INLINE = 32768  # elements: under torch's grain size, an op runs on the calling thread alone
+
+
+def _fold(target: torch.Tensor, pieces: list[torch.Tensor], fresh: bool) -> None:
+    """``target += piece`` in float64 for each record's piece of the same elements, on the
+    calling thread: the slice stays in the cache while every record is added into it (a
+    memory-bound add gains little from more threads, and a parallel region per piece would
+    wait on any thread the machine's other work has descheduled; the caller's torch threads
+    are left to the caller). With ``fresh`` the slice is set from the first piece rather
+    than zeroed first."""
     rest = pieces[1:] if fresh else pieces
     if pieces[0].dtype in _NUMPY:  # numpy converts in small buffers as it adds
         out = target.numpy()
@@ -238,13 +274,13 @@ def _accumulate(
             target[i : i + _INLINE].add_(piece[i : i + _INLINE])
 
 
-def _mean(total: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
-    """``(total / count).to(dtype)``, in one pass where numpy has the dtype."""
-    if dtype not in _NUMPY:
-        return total.div_(count).to(dtype)
-    out = torch.empty(total.shape, dtype=dtype)
-    np.divide(total.numpy(), count, out=out.numpy(), casting="unsafe")
-    return out
+def _divide(total: torch.Tensor, count: int, out: torch.Tensor) -> None:
+    """``out = (total / count).to(out.dtype)`` (flat tensors), in one pass where numpy has
+    the dtype; ``total`` may be overwritten."""
+    if out.dtype in _NUMPY:
+        np.divide(total.numpy(), count, out=out.numpy(), casting="unsafe")
+    else:
+        out.copy_(total.div_(count))
 
 
 def _has_ema(path: Path) -> bool:

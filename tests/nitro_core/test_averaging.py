@@ -39,12 +39,14 @@ class KeepMany(Classifier):
 
 class Half(Regression):
     samples: int = 256
+    dtype: str = "float16"
 
     def build_model(self):
-        return super().build_model().half()
+        return super().build_model().to(getattr(torch, self.dtype))
 
     def loss(self, model, batch):
-        return torch.nn.functional.mse_loss(model(batch["x"].half()).float(), batch["y"])
+        x = batch["x"].to(getattr(torch, self.dtype))
+        return torch.nn.functional.mse_loss(model(x).float(), batch["y"])
 
     def build_optimizer(self, model):
         return torch.optim.SGD(model.parameters(), lr=self.lr)
@@ -99,13 +101,15 @@ def test_best_selector_takes_layer_state_from_the_best_picked_record(run):
     assert forced.averaged_from["state_from"] == picked[-1].file
 
 
-def test_a_float16_model_stays_float16(tmp_path):
-    Nitro(Half(max_epochs=4), run_dir=tmp_path).train()
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])  # numpy's add, and torch's
+def test_a_half_precision_model_stays_in_its_dtype(tmp_path, dtype):
+    Nitro(Half(max_epochs=4, dtype=dtype), run_dir=tmp_path).train()
     result = average_checkpoints(tmp_path, "latest => Average(Last(4))")
     paths = [tmp_path / e.file for e in read_manifest(tmp_path)]
+    want = getattr(torch, dtype)
     for key, value in result.state.items():
-        assert value.dtype == torch.float16
-        assert torch.equal(value, independent_mean(paths, f"params/{key}").to(torch.float16)), key
+        assert value.dtype == want
+        assert torch.equal(value, independent_mean(paths, f"params/{key}").to(want)), key
 
 
 def test_tied_weights_are_averaged_once_and_stay_tied(tmp_path):

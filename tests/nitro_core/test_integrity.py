@@ -177,7 +177,11 @@ class BigParam(KeepThree):
         return super().loss(model, batch) + model.big.pow(2).mean()
 
 
-def test_averaging_tensors_over_4_mb_equals_a_straightforward_mean(tmp_path):
+@pytest.mark.parametrize("group", [16, 2])  # records read side by side: one pass, or two groups
+def test_averaging_tensors_over_4_mb_equals_a_straightforward_mean(tmp_path, group, monkeypatch):
+    from nitro_core import averaging
+
+    monkeypatch.setattr(averaging, "_GROUP", group)
     Nitro(BigParam(max_epochs=3), run_dir=tmp_path).train().logger.close()
     paths = [tmp_path / e.file for e in read_manifest(tmp_path)]
     assert len(paths) == 3
