@@ -2,14 +2,17 @@
 provenance, and the averaged record written outside any manifest. (What an ``Average``
 names is decided in ``sources``; loading an average into a handle is ``training.restore``.)
 
-Records are read side by side (up to 16 at once) into a float64 accumulator, 1 MiB of each
-at a time from their mapped pages: memory holds the sum, a few MiB of the records, and what
-the record that supplies the layer state supplies; never a whole record. Each slice of the
-sum is added into while it is in the cache, once per record, so the sum is read and written
-once per group rather than once per record. Only the parameter (and EMA) sections of each
-record are read and verified, never its optimizer state; the kernel is kept reading ahead
-of each. The hashing and the sum both run on the calling thread: averaging adds no thread to
-the caller's, so nothing contends for cores with torch's threads. The mean is cast back to each tensor's own
+Records are read side by side (up to 16 at once), 1 MiB of each at a time into two reused
+buffers per record (:meth:`~nitro_core.store.reader.RecordFile.stream`), and folded into
+float64 sums while in the cache, once per record. With one group of records (16 or fewer)
+each slice of the sum is whole after one step and goes straight to the mean in a reused
+scratch buffer: memory holds the means (one record's parameters), a few MiB of buffers, and
+what the record that supplies the layer state supplies; never a whole record, nor a
+tensor-sized float64 sum. More records keep each tensor's float64 sum across the groups and
+divide it at the end. Only the parameter (and EMA) sections of each record are read and
+verified, never its optimizer state. Where torch's thread budget has a core to spare, one
+thread reads and hashes each record's next piece while the calling thread sums this one;
+otherwise the calling thread does both. The mean is cast back to each tensor's own
 dtype. Integer and boolean tensors are never averaged, and layer state (buffers) is not
 averaged either: both come from the record that supplies the state (the best picked when
 the selector ranks, else the latest, or as ``state=`` says). Tied parameters are averaged
@@ -194,10 +197,6 @@ def _lockstep(
     to its end so every record's sections are verified."""
     for step in zip(*streams, strict=True):
         yield list(step)
-
-
-_NUMPY = (torch.float16, torch.float32, torch.float64)  # numpy adds these without a temporary
-_INLINE = 32768  # elements: under torch's grain size, an op runs on the calling thread alone
 
 
 class _Sums:
