@@ -43,7 +43,7 @@ from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
 from nitro_core.store.manifest import ManifestEntry
-from nitro_core.store.reader import Tensor
+from nitro_core.store.reader import RecordFile, Tensor
 
 
 # -- the streaming mean -----------------------------------------------------------------------------
@@ -120,7 +120,7 @@ def _fold_group(
     try:
         _check_layouts(records, averaged, targets, resolved)
         states = [e.file == resolved.path.name for e in group]
-        for step in _lockstep([r.stream(averaged, _STEP, hasher) for r in records]):
+        for step in _lockstep(_streams(records, averaged, hasher)):
             t = step[0][0]
             if t.name in targets and step[0][2].is_floating_point():
                 pieces = [p for _, _, p in step]
@@ -136,10 +136,26 @@ def _fold_group(
             r.close()
 
 
+def _streams(
+    records: list[Any], sections: set[str], hasher: ThreadPoolExecutor | None
+) -> list[Iterator[tuple[Tensor, int, torch.Tensor]]]:
+    """Each record's stream of ``sections``, all in one order: a record file yields its
+    tensors in file order, a record directory in any order asked, so directories picked
+    beside files (a run that changed strategy) follow the files' order."""
+    files = [r for r in records if isinstance(r, RecordFile)]
+    order = [t.name for t in files[0].tensors if t.section in sections] if files else None
+    return [
+        r.stream(sections, _STEP, hasher)
+        if isinstance(r, RecordFile)
+        else r.stream(sections, _STEP, hasher, order=order)
+        for r in records
+    ]
+
+
 def _hasher() -> ThreadPoolExecutor | None:
-    """A thread that hashes the records' pieces while this one sums them, where torch's
-    thread budget allows a second thread (the sum runs on this thread alone); None: this
-    thread hashes too."""
+    """A thread that reads and hashes the records' next pieces while this one sums them,
+    where torch's thread budget allows a second thread (the sum runs on this thread alone);
+    None: this thread reads and hashes too."""
     if torch.get_num_threads() < 2:
         return None
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="nitro-hash")
@@ -150,8 +166,8 @@ def _groups(picked: Sequence[ManifestEntry]) -> list[list[ManifestEntry]]:
 
 
 def _open(run_dir: Path, group: list[ManifestEntry]) -> list[store.RecordFile]:
-    """The group's records opened, each header parsed once and checked against the manifest
-    (each reader keeps the kernel reading ahead of it)."""
+    """The group's records opened, each header parsed once and checked against the
+    manifest."""
     records: list[store.RecordFile] = []
     try:
         for e in group:
@@ -196,6 +212,12 @@ def _lockstep(
     """The records' pieces side by side (the same tensor, the same elements), each stream run
     to its end so every record's sections are verified."""
     for step in zip(*streams, strict=True):
+        if any(t.name != step[0][0].name or first != step[0][1] for t, first, _ in step):
+            raise CheckpointCorrupt(
+                f"The records picked yield {step[0][0].name!r} beside "
+                f"{sorted({t.name for t, _, _ in step} - {step[0][0].name})}: they do not "
+                "share one layout. Average records of one run and one kind."
+            )
         yield list(step)
 
 

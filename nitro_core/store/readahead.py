@@ -1,5 +1,7 @@
 """Read-ahead off the reader's thread: the disk reads the next bytes of a record while the
-reader hashes and its caller computes on the bytes it already has.
+reader hashes and its caller computes on the bytes it already has (``RecordFile.read``,
+which reads through a mapping; a stream's ``preadv`` calls get the kernel's own
+read-ahead).
 
 ``posix_fadvise(POSIX_FADV_WILLNEED)`` (and ``madvise(MADV_WILLNEED)``) starts the kernel
 reading a range into the page cache, but the call itself allocates the pages and submits
@@ -60,8 +62,8 @@ def _serve() -> None:
 
 def next_piece(pending: deque[tuple[int, int, int]]) -> tuple[int, int, int]:
     """The next ``(fd, start, stop)`` to advise, taken from the first pending range, whose
-    rest goes to the back of the line: records read side by side (the averaging streams)
-    get their next bytes side by side, in the order they are consumed."""
+    rest goes to the back of the line: readers reading at the same time get their next
+    bytes in turns, none waiting behind another's whole window."""
     fd, start, end = pending.popleft()
     stop = min(start + _PIECE, end)
     if stop < end:

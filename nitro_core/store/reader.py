@@ -342,7 +342,7 @@ class RecordFile:
         """Yield ``(tensor, first element, flat piece)`` for the wanted sections' tensors in
         file order, in pieces of at most ``piece_bytes`` (4 MiB), each read (``preadv``) into
         one of two buffers the stream reuses: a piece is meant to be used before the next
-        one is yielded, and while it is used it is still in the CPU's cache from the read.
+        one is yielded, and it is still in the CPU's cache from the read when it is used.
         A consumer that folds the pieces into something else (the averaging sum) so holds
         nothing of the file but those buffers. A corrupt section raises after its last piece,
         so a consumer must exhaust the iterator before trusting what it built.
@@ -352,10 +352,10 @@ class RecordFile:
         ``preadv`` per piece is cheaper, and the kernel reads ahead of a file read in order
         (measured in ``bench/averaging.py``, cold: 1.1x the plain read against 1.4x).
 
-        ``hasher`` (an executor with one worker, for a caller with a core to spare) reads and
-        hashes the next piece, into a second buffer, while the caller uses this one. One
-        worker runs the jobs in the order given, which keeps each section's hash in file
-        order, and may serve several streams."""
+        ``hasher`` (an executor, for a caller with a core to spare) reads and hashes the next
+        piece, into the other buffer, while the caller uses this one; a stream asks for piece
+        ``i + 1`` only once piece ``i`` is done, which keeps each section's hash in file
+        order, and one worker may serve several streams read side by side."""
         todo, wanted = self._plan(sections)
         sums = self._start()
         plan = list(_pieces(todo, self.data_start, piece_bytes))
@@ -370,32 +370,39 @@ class RecordFile:
                 self._hash(sums, t, views[i % 2][:n])
 
         ahead = hasher.submit(fetch, 0) if hasher is not None and plan else None
-        for i, (t, _, n, first) in enumerate(plan):
-            if hasher is None:
-                fetch(i)
-            else:  # the next piece is read and hashed while the caller uses this one
-                assert ahead is not None
-                ahead.result()
-                ahead = hasher.submit(fetch, i + 1) if i + 1 < len(plan) else None
-            if wanted(t):
-                yield t, first, buffers[i % 2][:n].view(t.dtype)
+        try:
+            for i, (t, _, n, first) in enumerate(plan):
+                if hasher is None:
+                    fetch(i)
+                else:  # the next piece is read and hashed while the caller uses this one
+                    assert ahead is not None
+                    ahead.result()
+                    ahead = hasher.submit(fetch, i + 1) if i + 1 < len(plan) else None
+                if wanted(t):
+                    yield t, first, buffers[i % 2][:n].view(t.dtype)
+        finally:  # closed early: the job in flight ends before the file or a new pass moves on
+            if ahead is not None and not ahead.cancel():
+                ahead.exception()
         self._check(sums, todo)
 
     def _pread_into(self, view: memoryview, offset: int) -> None:
         """Fill ``view`` from the file at ``offset``; a short read means the file shrank
         since its size was checked."""
         got = 0
-        while got < len(view) and (k := os.preadv(self.fd, [view[got:]], offset + got)):
-            got += k
+        try:
+            while got < len(view) and (k := os.preadv(self.fd, [view[got:]], offset + got)):
+                got += k
+            size = os.fstat(self.fd).st_size
+        except OSError as exc:
+            raise unreadable(self.path, exc) from exc
         if got < len(view):
-            described = self.data_start + self.data_bytes
-            raise truncated(self.path, described - os.fstat(self.fd).st_size)
+            raise truncated(self.path, max(1, self.data_start + self.data_bytes - size))
 
     def _ahead(self, at: int, todo: list[Tensor]) -> None:
         """Keep the kernel reading ``_AHEAD`` bytes past ``at`` (file offsets) of the ranges
         still to read, in the order they are read, asked of the read-ahead thread
         (:mod:`nitro_core.store.readahead`): the disk works while this thread hashes and its
-        caller sums, and records read side by side are read ahead side by side."""
+        caller uses what is read."""
         if at + _AHEAD // 2 < self.advised:
             return
         assert self.map is not None

@@ -42,8 +42,9 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from nitro_core.errors import RecordError
 from nitro_core.store.safeio import open_nofollow
-from nitro_core.store.writer import DTYPES, check_host
+from nitro_core.store.writer import DTYPES
 
 _CHUNK = 8 * 1024 * 1024
 SHARDING_KEY = "DCP_SHARDING_INFO"  # torch.distributed.checkpoint._hf_utils' keys
@@ -96,14 +97,18 @@ def _write_shard(path: Path, plan: SavePlan, planner: SavePlanner) -> list[Write
     pieces: dict[str, tuple[Any, torch.Tensor]] = {}
     for item in plan.items:
         fqn = item.index.fqn
-        # shards.write takes tensors only, and a rank holds one piece of each
-        assert item.type != WriteItemType.BYTE_IO and item.tensor_data is not None, fqn
-        assert fqn not in pieces, fqn
+        # shards.write refused anything but tensors of a storable dtype; a rank holds one
+        # piece of each tensor (a second would overwrite the first: refused, never dropped)
+        if item.type == WriteItemType.BYTE_IO or item.tensor_data is None or fqn in pieces:
+            raise RecordError(
+                f"Record leaf {fqn!r} came to this rank's shard writer as "
+                f"{'a second piece' if fqn in pieces else 'bytes'}; a shard holds one piece of "
+                "each tensor. Save the record through nitro_core.store.shards.write."
+            )
         t = planner.resolve_data(item)
-        assert isinstance(t, torch.Tensor)
-        t = t.detach().cpu().contiguous()
-        check_host({fqn: t})  # a dtype safetensors can store
-        pieces[fqn] = (item, t)
+        if not isinstance(t, torch.Tensor):
+            raise RecordError(f"Record leaf {fqn!r} resolved to {type(t).__name__}, not a tensor.")
+        pieces[fqn] = (item, t.detach().cpu().contiguous())
     order = sorted(pieces, key=lambda n: (-pieces[n][1].element_size(), n))
     header, spans = _header(order, pieces)
     fd = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

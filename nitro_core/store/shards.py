@@ -34,7 +34,7 @@ import json
 import os
 import shutil
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ import xxhash
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, RecordError
 from nitro_core.store import digest
 from nitro_core.store.safeio import fsync_dir, open_nofollow
+from nitro_core.store.writer import DTYPES
 
 HEADER_NAME = "header.json"
 SHARD_SUFFIX = ".safetensors"
@@ -108,12 +109,19 @@ def write_async(
 
 
 def _check_tensors(tensors: Mapping[str, Any]) -> None:
+    """Refuse, on every rank before any collective, a leaf the shards cannot hold (raised
+    inside DCP's write, the error would reach the caller wrapped in DCP's own)."""
     for name, value in tensors.items():
         if not isinstance(value, torch.Tensor):
             raise RecordError(
                 f"Record leaf {name!r} is of type {type(value).__name__}, not a tensor; a "
                 "sharded record holds tensors only (put other values in the record's JSON "
                 "header)."
+            )
+        if value.dtype not in DTYPES:
+            raise RecordError(
+                f"Record leaf {name!r} has dtype {value.dtype}, which safetensors cannot store; "
+                f"convert it to one of {sorted(str(d) for d in DTYPES)}."
             )
 
 
@@ -295,13 +303,22 @@ class ShardedRecord:
         )
 
     def stream(
-        self, sections: Any = None, piece_bytes: int = 4 * 1024 * 1024, hasher: Any = None
+        self,
+        sections: Any = None,
+        piece_bytes: int = 4 * 1024 * 1024,
+        hasher: Any = None,
+        order: Sequence[str] | None = None,
     ) -> Iterator[tuple[Any, int, torch.Tensor]]:
-        """``(tensor, first element, flat piece)`` in name order, cut as a file's are. One
-        tensor is assembled at a time (read records side by side hold one tensor each).
-        ``hasher`` is :meth:`RecordFile.stream`'s and unused: DCP reads each tensor whole."""
+        """``(tensor, first element, flat piece)`` in name order, or in ``order`` (the
+        names, as a record file beside it yields them), cut as a file's are. One tensor is
+        assembled at a time (read records side by side hold one tensor each). ``hasher`` is
+        :meth:`RecordFile.stream`'s and unused: DCP reads each tensor whole."""
         wanted = None if sections is None else set(sections)
-        for t in self.tensors:
+        tensors = self.tensors
+        if order is not None:
+            by_name = {t.name: t for t in self.tensors}
+            tensors = [by_name[name] for name in order if name in by_name]
+        for t in tensors:
             if wanted is not None and t.section not in wanted:
                 continue
             flat = read(self.path, None, _named(t.name))[t.name].reshape(-1)

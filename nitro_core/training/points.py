@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nitro_core.errors import NitroWarning
+from nitro_core.errors import NitroWarning, TrainingRefused
 from nitro_core.state import ranks, records, rng
 from nitro_core.training import position, ranking, setup, sharding
 from nitro_core.training.loop import Cursor, StepHooks, check_finite, epoch_length, train_epoch
@@ -94,13 +94,42 @@ def run_epoch(n: Nitro, hooks: StepHooks, on_point: OnPoint | None) -> None:
     point(n, epoch, n.step, on_point, end=True)
 
 
+def wait_for_writes(n: Nitro, who: str) -> None:
+    """Wait for the write in flight and raise its error, on every rank at once (a
+    collective: every rank calls it at every point of a run that checkpoints): records are
+    committed by rank 0 alone (DDP's whole record, FSDP's publish), so only rank 0 sees
+    their errors, and the other ranks, going on, would wait for it in the next collective
+    forever. Every rank says whether its write failed; those whose own did not raise the
+    failed rank's words."""
+    failed: Exception | None = None
+    try:
+        if n._writer is not None:  # every FSDP rank, or DDP's rank 0
+            n._writer.wait(who)
+    except Exception as exc:
+        failed = exc
+    if not n.dist.active:
+        if failed is not None:
+            raise failed
+        return
+    said = n.dist.gather(None if failed is None else f"{type(failed).__name__}: {failed}")
+    if failed is not None:
+        raise failed
+    for rank, words in enumerate(said):
+        if words is not None:
+            raise TrainingRefused(
+                f"Rank {rank}'s checkpoint write failed ({words}); every rank stops here. "
+                "The records listed in the manifest are intact: fix the cause, then continue "
+                "with resume='auto'."
+            )
+
+
 def point(n: Nitro, epoch: Epoch, step: int, on_point: OnPoint | None, end: bool = False) -> bool:
     """One checkpoint point; returns whether the run stops here."""
     cursor = epoch.cursor
     batch = None if end else cursor.batches
     where = f"epoch {epoch.number}" + ("" if end else f" batch {batch}")
-    if n._writer is not None:  # one write in flight: its error, if any, is raised here
-        n._writer.wait(f"The checkpoint point at {where} (step {step})")
+    if n.checkpointer is not None:  # one write in flight: its error, if any, is raised here
+        wait_for_writes(n, f"The checkpoint point at {where} (step {step})")
     if not end:  # the epoch end was checked by the loop
         accumulate = n.stepper.accumulate if n.stepper is not None else 1
         check_finite(

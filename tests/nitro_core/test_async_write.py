@@ -209,6 +209,7 @@ def test_the_writer_thread_runs_at_the_training_threads_priority(tmp_path, monke
     real = recordio.write_record
 
     def write_record(target, tensors, meta):
+        assert threading.current_thread().name.startswith("nitro-writer")  # not the loop's
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         return real(target, tensors, meta)
 

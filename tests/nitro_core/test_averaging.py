@@ -306,3 +306,20 @@ def test_a_handle_loaded_from_an_average_exports_its_provenance(run, tmp_path):
     out = tmp_path / "w.safetensors"
     export_weights(w, out)
     assert checkpoint_info(out)["averaged_from"] == w.averaged_from
+
+
+def test_streams_that_disagree_on_the_tensor_are_refused_not_added():
+    from nitro_core import CheckpointCorrupt
+    from nitro_core.averaging import _lockstep
+    from nitro_core.store.reader import Tensor
+
+    def stream(*names):
+        for name in names:
+            yield Tensor(name, torch.float32, (2,), 0, 8, "params"), 0, torch.ones(2)
+
+    with pytest.raises(CheckpointCorrupt) as exc:
+        list(_lockstep([stream("params/a", "params/b"), stream("params/b", "params/a")]))
+    assert str(exc.value) == (
+        "The records picked yield 'params/a' beside ['params/b']: they do not share one "
+        "layout. Average records of one run and one kind."
+    )

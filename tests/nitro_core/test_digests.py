@@ -266,3 +266,27 @@ def test_a_stream_yields_a_piece_only_once_the_thread_has_read_and_hashed_it(run
         torch.set_num_threads(was)
     assert state.keys() == expected.keys()
     assert all(torch.equal(state[k], expected[k]) for k in state)
+
+
+@pytest.mark.parametrize("kind", ["sections", "whole file (before sections)"])
+def test_a_stream_closed_early_leaves_the_next_pass_over_the_record_correct(
+    trained, kind, monkeypatch
+):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nitro_core.store import reader
+
+    d = trained if kind == "sections" else FIXTURE
+    entry = read_manifest(d)[-1]
+    real = reader.RecordFile._hash
+
+    def slow(self, sums, t, view):
+        time.sleep(0.05)  # the job for the next piece is still running when the stream closes
+        return real(self, sums, t, view)
+
+    monkeypatch.setattr(reader.RecordFile, "_hash", slow)
+    with ThreadPoolExecutor(1) as pool, reader.RecordFile(d / entry.file, entry.expected) as r:
+        first = r.stream(piece_bytes=64, hasher=pool)
+        next(first)
+        first.close()  # a consumer that stopped after one piece
+        assert sum(1 for _ in r.stream(piece_bytes=4096, hasher=pool)) > 0  # verified whole

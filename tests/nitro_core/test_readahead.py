@@ -1,5 +1,5 @@
 """Read-ahead off the reader's thread: the request returns at once, the disk is asked for
-the pending ranges in turns (records read side by side are read ahead side by side), and a
+the pending ranges in turns (readers reading at once are read ahead in turns), and a
 reader asks only for the sections it reads."""
 
 from __future__ import annotations

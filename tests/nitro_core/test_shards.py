@@ -165,6 +165,31 @@ def test_a_sharded_record_leaf_that_is_not_a_tensor_is_refused(tmp_path: Path) -
     )
 
 
+def test_a_sharded_record_leaf_of_an_unstorable_dtype_is_refused_before_dcp_runs(
+    tmp_path: Path,
+) -> None:
+    from nitro_core.errors import RecordError
+
+    with pytest.raises(RecordError) as e:
+        shards.write(tmp_path / "r.tmp", {"params/z": torch.ones(2, dtype=torch.complex64)}, True)
+    assert str(e.value).startswith(
+        "Record leaf 'params/z' has dtype torch.complex64, which safetensors cannot store; "
+        "convert it to one of ["
+    )
+    assert not (tmp_path / "r.tmp").exists()  # refused before anything was written
+
+
+def test_publish_takes_the_ranks_digests_and_reads_no_shard_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_read_back(path: Path) -> str:
+        raise AssertionError(f"publish read {path.name} back")
+
+    monkeypatch.setattr(shards, "_file_digest", no_read_back)
+    final, _, tree = make(tmp_path)
+    assert tree == shards.manifest_digest(final)
+
+
 def test_a_shard_is_fsynced_before_its_header_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -184,3 +209,47 @@ def test_a_shard_is_fsynced_before_its_header_is_written(
         str(tmp / "shard-00001-model-00001-of-00001.safetensors"),
         str(tmp / "header.json"),
     ]
+
+
+def test_an_average_of_record_files_and_record_directories_adds_like_tensors(
+    tmp_path: Path,
+) -> None:
+    # a run that changed strategy holds both kinds; a file lists its tensors largest element
+    # first, a directory by name: float16 and float32 parameters put them in other orders
+    from nitro_core import average_checkpoints
+    from nitro_core.state import records
+    from nitro_core.store import manifest
+    from nitro_core.store.manifest import ManifestEntry
+
+    run = tmp_path / "run"
+    run.mkdir()
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3).half(), torch.nn.Linear(3, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    entries, states = [], []
+    for epoch in (1, 2, 3):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(epoch)
+        header = {"step": epoch, "epoch": epoch, "seed": 0, "run": "mixed001", "config": {},
+                  "metrics": {"loss": 1.0 / epoch}, "stop_reason": None, "ema_meta": None}  # fmt: skip
+        tensors, meta = records.encode(records.Snapshot(header=header, model=model, optimizer=opt))
+        states.append({k: v.clone() for k, v in model.state_dict().items()})
+        name = f"epoch-{epoch:04d}-step-{epoch}"
+        if epoch == 2:  # the middle one written by several processes
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                digests = shards.write(store.tmp_path(run / name), tensors, main=True)
+            size, tree = shards.publish(store.tmp_path(run / name), run / name, meta, digests)
+        else:
+            name += ".safetensors"
+            size, tree = store.write_record(run / name, tensors, meta)
+        entries.append(ManifestEntry(
+            file=name, epoch=epoch, step=epoch, score=1.0 / epoch, metric="loss", mode="min",
+            stop_reason=None, run="mixed001", written=manifest.now_iso(), bytes=size, digest=tree,
+        ))  # fmt: skip
+    with store.manifest_lock(run):
+        manifest.save(run, manifest.Manifest(entries=entries))
+    averaged = average_checkpoints(run, "latest => Average(Last(3))").state
+    for key, value in averaged.items():
+        mean = sum(s[key].double() for s in states) / 3
+        assert torch.equal(value, mean.to(value.dtype)), key

@@ -124,3 +124,17 @@ def test_a_loss_non_finite_on_one_rank_only_stops_every_rank_at_the_same_point(
     assert done.stderr.count(said) == 2, done.stderr[-4000:]  # both ranks, the same words
     assert read_manifest(run) == []  # nothing written from the poisoned update
     assert not list(run.glob("*.safetensors"))
+
+
+def test_a_background_write_failing_on_rank_0_stops_every_rank_at_the_next_point(
+    tmp_path: Path,
+) -> None:
+    done = torchrun(2, tmp_path, 4, "false", "ddp", env={"NITRO_TEST_FAIL_WRITE": "2"},
+                    check=False, timeout=90)  # fmt: skip
+    assert done.returncode != 0
+    assert "OSError: [Errno 5] Input/output error (injected)" in done.stderr
+    assert (
+        "TrainingRefused: Rank 0's checkpoint write failed (OSError: [Errno 5] Input/output "
+        "error (injected)); every rank stops here."
+    ) in done.stderr
+    assert [e.epoch for e in read_manifest(tmp_path)] == [1]  # the first record, intact

@@ -200,3 +200,17 @@ def test_restore_optimizer_into_fsdp_takes_every_moment_under_the_new_learning_r
         for name in names:  # it trained on: the ranks agree, and the parameters moved
             assert all(torch.equal(t[name], trained[0][name]) for t in trained), name
             assert not torch.equal(trained[0][name], saved[f"params/{name}"]), name
+
+
+def test_a_write_failing_on_rank_0_stops_every_rank_at_the_next_point(tmp_path: Path) -> None:
+    # rank 0 alone commits a sharded record: its second publish fails in the background;
+    # rank 1 must not go on into the next collective and wait there forever
+    done = torchrun(2, tmp_path, 4, "false", "fsdp", env={"NITRO_TEST_FAIL_PUBLISH": "2"},
+                    check=False, timeout=90)  # fmt: skip
+    assert done.returncode != 0
+    assert "OSError: [Errno 5] Input/output error (injected)" in done.stderr
+    assert (
+        "TrainingRefused: Rank 0's checkpoint write failed (OSError: [Errno 5] Input/output "
+        "error (injected)); every rank stops here."
+    ) in done.stderr
+    assert [e.epoch for e in read_manifest(tmp_path)] == [1]  # the first record, intact
