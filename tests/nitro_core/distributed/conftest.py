@@ -54,3 +54,19 @@ def assert_equal_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert sorted(a) == sorted(b)
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs"
+
+
+def assert_both_ranks_stopped_on_rank_0s_failed_write(
+    done: subprocess.CompletedProcess[str], run_dir: Path
+) -> None:
+    """Rank 0's injected write error stopped every rank (none waited for it), in the same
+    words, and the first record is still listed."""
+    from nitro_core import read_manifest
+
+    assert done.returncode != 0
+    assert "OSError: [Errno 5] Input/output error (injected)" in done.stderr
+    assert (
+        "TrainingRefused: Rank 0's checkpoint write failed (OSError: [Errno 5] Input/output "
+        "error (injected)); every rank stops here."
+    ) in done.stderr
+    assert [e.epoch for e in read_manifest(run_dir)] == [1]  # the first record, intact

@@ -97,41 +97,26 @@ def restore_and_dump(run_dir: str, source: str, strategy: str) -> None:
     n.close()
 
 
-def fail_publish(at: int) -> None:
-    """Test hook: rank 0's ``at``-th publish of a sharded record fails (disk trouble)."""
-    from nitro_core.store import shards
-
-    publish, calls = shards.publish, [0]
+def fail_nth(module: object, name: str, at: int) -> None:
+    """Test hook: the ``at``-th call of ``module.name`` on this rank fails (disk trouble)."""
+    real, calls = getattr(module, name), [0]
 
     def failing(*args, **kwargs):
         calls[0] += 1
         if calls[0] == at:
             raise OSError(5, "Input/output error (injected)")
-        return publish(*args, **kwargs)
+        return real(*args, **kwargs)
 
-    shards.publish = failing
-
-
-def fail_write(at: int) -> None:
-    """Test hook: rank 0's ``at``-th record file write fails (DDP: rank 0 writes alone)."""
-    from nitro_core.store import recordio
-
-    write, calls = recordio.write_record, [0]
-
-    def failing(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == at:
-            raise OSError(5, "Input/output error (injected)")
-        return write(*args, **kwargs)
-
-    recordio.write_record = failing
+    setattr(module, name, failing)
 
 
 def main() -> None:
-    if os.environ.get("NITRO_TEST_FAIL_PUBLISH"):
-        fail_publish(int(os.environ["NITRO_TEST_FAIL_PUBLISH"]))
-    if os.environ.get("NITRO_TEST_FAIL_WRITE"):
-        fail_write(int(os.environ["NITRO_TEST_FAIL_WRITE"]))
+    from nitro_core.store import recordio, shards
+
+    if os.environ.get("NITRO_TEST_FAIL_PUBLISH"):  # FSDP: rank 0 publishes every record
+        fail_nth(shards, "publish", int(os.environ["NITRO_TEST_FAIL_PUBLISH"]))
+    if os.environ.get("NITRO_TEST_FAIL_WRITE"):  # DDP: rank 0 writes every record
+        fail_nth(recordio, "write_record", int(os.environ["NITRO_TEST_FAIL_WRITE"]))
     if os.environ.get("NITRO_TEST_RESTORE_FROM"):
         os.makedirs(sys.argv[1], exist_ok=True)
         restore_and_dump(sys.argv[1], os.environ["NITRO_TEST_RESTORE_FROM"], sys.argv[4])

@@ -12,6 +12,7 @@ from nitro_core import read_manifest
 from nitro_core.state import ranks
 from nitro_core.store import recordio as store
 from tests.nitro_core.distributed.conftest import (
+    assert_both_ranks_stopped_on_rank_0s_failed_write,
     assert_equal_tensors,
     one_process,
     tensors,
@@ -131,10 +132,4 @@ def test_a_background_write_failing_on_rank_0_stops_every_rank_at_the_next_point
 ) -> None:
     done = torchrun(2, tmp_path, 4, "false", "ddp", env={"NITRO_TEST_FAIL_WRITE": "2"},
                     check=False, timeout=90)  # fmt: skip
-    assert done.returncode != 0
-    assert "OSError: [Errno 5] Input/output error (injected)" in done.stderr
-    assert (
-        "TrainingRefused: Rank 0's checkpoint write failed (OSError: [Errno 5] Input/output "
-        "error (injected)); every rank stops here."
-    ) in done.stderr
-    assert [e.epoch for e in read_manifest(tmp_path)] == [1]  # the first record, intact
+    assert_both_ranks_stopped_on_rank_0s_failed_write(done, tmp_path)
