@@ -1,56 +1,85 @@
-"""Checking whole files: ``nitro verify PATH|RUN_DIR`` and the ``nitro_verify`` tool.
+"""Checking whole records: ``nitro verify PATH|DIR`` and the ``nitro_verify`` tool.
 
 A reader verifies the sections it reads (averaging never reads the optimizer state); this
 reads every byte of every record it is given, so a corruption in a section no reader has
-touched yet is found too. For a run directory: every record its manifest lists (missing,
-wrong size, header against the manifest's digest, each section against the header), and
-the record files it does not list (against their own header). For a file: the same, with
-its manifest entry when the directory beside it lists it. A record directory (written by
-several processes) is checked shard file by shard file.
+touched yet is found too. Records are files or record directories (an FSDP run's: a
+``header.json`` and one safetensors shard per rank, :mod:`nitro_core.store.shards`), checked
+alike.
+
+- A run directory (it holds ``manifest.json``): every record its manifest lists (missing,
+  wrong size, a link, the header against the manifest's digest, each section or shard
+  against the header), then the records it does not list (against their own header's
+  digest).
+- A record (a file, or a record directory): the same, with its manifest entry when the
+  directory beside it lists it.
+- Any other directory: the records in it, and every run directory below it (``nitro verify
+  runs/`` checks each run), never through a link or into a hidden directory.
+
+Nothing found is an error (:class:`CheckpointMissing`), never "0 checked, all fine".
 """
 
 from __future__ import annotations
 
+import os
+import re
+import stat
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, UnsafePath
-from nitro_core.store import manifest
+from nitro_core.store import manifest, shards
 from nitro_core.store import recordio as store
+from nitro_core.store.safeio import link_refusal
 
 _SUFFIX = ".safetensors"
+_PARTIAL = re.compile(r"\.tmp$|\.stale\d*$")  # an interrupted write's leftovers: no record
+_SKIPPED = {"logs"}  # a run directory's log files
 
 
 class Checked(BaseModel):
-    """One record file, checked byte for byte."""
+    """One record (a file or a record directory), checked byte for byte."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     file: str = Field(description="The record, relative to the directory checked (or as given).")
     listed: bool = Field(description="Whether the manifest beside it lists it.")
     ok: bool
-    bytes: int = Field(ge=0, description="Its size on disk (0 when missing).")
+    bytes: int = Field(
+        ge=0, description="Its size on disk, a directory's files summed (0 when missing)."
+    )
     sections: list[str] = Field(description="The sections verified, e.g. params, optim.")
     problem: str | None = Field(default=None, description="What is wrong, when not ok.")
 
 
 def verify(path: str | Path) -> list[Checked]:
-    """Check every byte of the record ``path``, or of every record in the run directory
-    ``path`` (listed ones against the manifest too); one :class:`Checked` per file, in
-    manifest order, unlisted files last. Raises :class:`CheckpointMissing` when ``path`` is
-    neither."""
-    path = Path(path)
-    if path.is_dir() and not _is_record_dir(path):
-        return _directory(path)
-    if not path.exists():
+    """Check every byte of the record ``path`` (a file or a record directory), or of every
+    record in the run directory ``path`` (listed ones against the manifest too), or of every
+    record in and below the directory ``path``; one :class:`Checked` per record, in manifest
+    order, unlisted ones after. Raises :class:`CheckpointMissing` when ``path`` holds no
+    record at all."""
+    given = Path(path)
+    path = given.resolve() if given.is_symlink() else given  # a path the caller names: followed
+    if _real_dir(path) and not _is_record_dir(path):
+        checks = _tree(path)
+        if not checks:
+            raise CheckpointMissing(
+                f"No records found under {str(given)!r}: "
+                + (
+                    "its manifest lists none and it holds no record."
+                    if _has_manifest(path)
+                    else "it holds no manifest.json and no record, nor does any directory below it."
+                )
+                + " Give a run directory or a record, e.g. nitro verify runs/Classifier."
+            )
+        return checks
+    if not os.path.lexists(path):
         raise CheckpointMissing(
-            f"Nothing to verify at {str(path)!r}: it is neither a record nor a run directory. "
+            f"Nothing to verify at {str(given)!r}: it is neither a record nor a run directory. "
             "Give a .safetensors record or a run directory, e.g. nitro verify runs/Classifier."
         )
     listed = {e.file: e for e in _entries(path.parent)}
-    entry = listed.get(path.name)
-    return [_check(path, str(path), entry)]
+    return [_check(path, str(given), listed.get(path.name))]
 
 
 def _entries(directory: Path) -> list[manifest.ManifestEntry]:
@@ -60,59 +89,143 @@ def _entries(directory: Path) -> list[manifest.ManifestEntry]:
         return []
 
 
-def _directory(run_dir: Path) -> list[Checked]:
-    entries = manifest.read_manifest(run_dir)  # a corrupt manifest raises: nothing to trust
-    out = [_check(run_dir / e.file, e.file, e) for e in entries]
-    listed = {e.file for e in entries}
-    for found in sorted(run_dir.iterdir()):
-        if found.name not in listed and found.name.endswith(_SUFFIX) and found.is_file():
-            out.append(_check(found, found.name, None))
+def _tree(top: Path) -> list[Checked]:
+    """Every record in ``top`` and below it, named relative to ``top``: a run directory's
+    with its manifest; no link followed, no hidden directory entered."""
+    out: list[Checked] = []
+    pending = [(top, "")]
+    while pending:
+        directory, prefix = pending.pop(0)
+        if _has_manifest(directory):
+            out += _run_dir(directory, prefix)
+            continue  # below a run directory: its records and logs, no other run
+        out += _unlisted(directory, prefix, set())
+        pending += [
+            (directory / name, f"{prefix}{name}/")
+            for name in _names(directory)
+            if not name.startswith(".")
+            and name not in _SKIPPED
+            and not _PARTIAL.search(name)
+            and _real_dir(directory / name)
+            and not _is_record_dir(directory / name)
+        ]
     return out
 
 
+def _run_dir(run_dir: Path, prefix: str) -> list[Checked]:
+    entries = manifest.read_manifest(run_dir)  # a corrupt manifest raises: nothing to trust
+    out = [_check(run_dir / e.file, prefix + e.file, e) for e in entries]
+    return out + _unlisted(run_dir, prefix, {e.file for e in entries})
+
+
+def _unlisted(directory: Path, prefix: str, listed: set[str]) -> list[Checked]:
+    """The records in ``directory`` no manifest lists: record files (a link among them is
+    reported, not followed) and record directories."""
+    out = []
+    for name in _names(directory):
+        if name in listed or name.startswith(".") or _PARTIAL.search(name):
+            continue
+        found = directory / name
+        if (name.endswith(_SUFFIX) and (found.is_symlink() or found.is_file())) or (
+            _real_dir(found) and _is_record_dir(found)
+        ):
+            out.append(_check(found, prefix + name, None))
+    return out
+
+
+def _names(directory: Path) -> list[str]:
+    try:
+        return sorted(os.listdir(directory))
+    except OSError:
+        return []
+
+
+def _real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)  # a link to a directory is not one
+    except OSError:
+        return False
+
+
+def _has_manifest(directory: Path) -> bool:
+    return os.path.lexists(directory / store.MANIFEST_NAME)
+
+
 def _is_record_dir(path: Path) -> bool:
-    """A record written by several processes: a directory of shard files, no manifest."""
-    return not (path / store.MANIFEST_NAME).exists() and any(path.glob(f"*{_SUFFIX}"))
+    """A record directory (several processes wrote it): ``header.json``, or shard files
+    and no manifest (a record whose header was lost)."""
+    if os.path.lexists(path / shards.HEADER_NAME):
+        return True
+    return not _has_manifest(path) and any(shards.SHARD_NAME.match(name) for name in _names(path))
 
 
 def _check(path: Path, name: str, entry: manifest.ManifestEntry | None) -> Checked:
     listed = entry is not None
-    if path.is_dir() and not path.is_symlink():
-        return _shards(path, name, listed)
+
+    def bad(problem: str, size: int = 0, sections: list[str] | None = None) -> Checked:
+        return Checked(
+            file=name, listed=listed, ok=False, bytes=size, sections=sections or [],
+            problem=problem,
+        )  # fmt: skip
+
     try:
-        size = path.lstat().st_size
+        st = os.lstat(path)
     except FileNotFoundError:
-        return Checked(
-            file=name, listed=listed, ok=False, bytes=0, sections=[],
-            problem=f"{name!r} is listed by the manifest but not on disk.",
-        )  # fmt: skip
-    if entry is not None and entry.bytes != size:
-        return Checked(
-            file=name, listed=True, ok=False, bytes=size, sections=[],
-            problem=f"{name!r} holds {size} bytes; the manifest recorded {entry.bytes} when it "
+        return bad(f"{name!r} is listed by the manifest but not on disk.")
+    if stat.S_ISLNK(st.st_mode):
+        return bad(str(link_refusal(path)))
+    if stat.S_ISDIR(st.st_mode):
+        return _check_dir(path, name, entry)
+    if entry is not None and entry.bytes != st.st_size:
+        return bad(
+            f"{name!r} holds {st.st_size} bytes; the manifest recorded {entry.bytes} when it "
             "was written (truncated, or bytes appended).",
-        )  # fmt: skip
+            st.st_size,
+        )
     sections: list[str] = []
     try:
         with store.RecordFile(path, entry.expected if entry is not None else None) as record:
             sections = record.section_names()
             record.verify()
-    except (CheckpointCorrupt, CheckpointMissing, UnsafePath) as exc:
-        return Checked(
-            file=name, listed=listed, ok=False, bytes=size, sections=sections, problem=str(exc)
+    except (CheckpointCorrupt, UnsafePath) as exc:
+        return bad(str(exc), st.st_size, sections)
+    return Checked(file=name, listed=listed, ok=True, bytes=st.st_size, sections=sections)
+
+
+def _check_dir(path: Path, name: str, entry: manifest.ManifestEntry | None) -> Checked:
+    """A record directory: ``header.json`` against the manifest (or its own digest), the
+    shard files it lists, each shard's bytes; then its size against the manifest."""
+    listed = entry is not None
+    size = _dir_bytes(path)
+    try:
+        sections = shards.verify(path, entry.expected if entry is not None else None)
+    except CheckpointMissing:
+        problem = (
+            f"{name!r} is listed by the manifest, but its {shards.HEADER_NAME} is not on "
+            "disk (deleted since it was written), so its shards cannot be checked. Load "
+            "another checkpoint."
+            if listed
+            else f"{name!r} is a directory of shard files without {shards.HEADER_NAME}: not a "
+            "committed record (deleted header, or a copy that lost it). Load another "
+            "checkpoint."
         )
+        return Checked(file=name, listed=listed, ok=False, bytes=size, sections=[], problem=problem)
+    except (CheckpointCorrupt, UnsafePath) as exc:
+        return Checked(
+            file=name, listed=listed, ok=False, bytes=size, sections=[], problem=str(exc)
+        )
+    if entry is not None and entry.bytes != size:
+        return Checked(
+            file=name, listed=True, ok=False, bytes=size, sections=sections,
+            problem=f"{name!r} holds {size} bytes in its files; the manifest recorded "
+            f"{entry.bytes} when it was written.",
+        )  # fmt: skip
     return Checked(file=name, listed=listed, ok=True, bytes=size, sections=sections)
 
 
-def _shards(directory: Path, name: str, listed: bool) -> Checked:
-    """A record directory: every shard file against its own header."""
-    checks = [_check(p, p.name, None) for p in sorted(directory.glob(f"*{_SUFFIX}"))]
-    bad = [c for c in checks if not c.ok]
-    return Checked(
-        file=name,
-        listed=listed,
-        ok=bool(checks) and not bad,
-        bytes=sum(c.bytes for c in checks),
-        sections=sorted({s for c in checks for s in c.sections}),
-        problem=bad[0].problem if bad else None if checks else f"{name!r} holds no shard file.",
-    )
+def _dir_bytes(path: Path) -> int:
+    """The sizes of a directory's regular files summed (links not followed)."""
+    with os.scandir(path) as it:
+        return sum(
+            e.stat(follow_symlinks=False).st_size for e in it if e.is_file(follow_symlinks=False)
+        )

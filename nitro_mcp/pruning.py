@@ -2,7 +2,7 @@
 do. Both are dry runs unless the call says ``dry_run=false``, and both say exactly what goes.
 
 A deletion is refused while a queued or running job of this root uses the run directory (its
-run directory, or a path source naming a file in it), naming the job and the calls that stop
+run directory, or a path source naming a record file or record directory in it), naming the job and the calls that stop
 or follow it; :func:`nitro_core.pruning.delete_checkpoints` does the rest (the manifest lock,
 another run's files never touched, a run being trained refused). Pruning removes only ended
 jobs whose worker is gone.
@@ -11,6 +11,7 @@ jobs whose worker is gone.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeGuard
 
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError, TrainingRefused
 from nitro_core.jobs import JobManager, JobStatus
@@ -82,11 +83,22 @@ def _job_using(root: Path, jobs: JobManager, where: Path) -> JobStatus | None:
         except NitroError:
             continue
         for text in (spec.weights, spec.resume, spec.source, spec.restore_best):
-            if isinstance(text, str) and text.endswith(".safetensors"):
+            if _is_path(text):  # a record file or a record directory
                 for base in (root, Path(spec.run_dir)):
                     if where in (base / text).resolve().parents:
                         return status
     return None
+
+
+def _is_path(text: object) -> TypeGuard[str]:
+    """Whether a job's source string names a record by its path (not a pair, a flag or a
+    Hugging Face directory)."""
+    return (
+        isinstance(text, str)
+        and "=>" not in text
+        and text.strip().lower() not in ("", "auto", "false", "true")
+        and not text.startswith("hf:")
+    )
 
 
 def _deletion_result(

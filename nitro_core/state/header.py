@@ -94,11 +94,13 @@ class RecordHeader(BaseModel):
     )
     integrity: dict[str, Any] | None = Field(
         default=None,
-        description="The digest of each section of the data: {'algorithm': 'xxh3-128', "
-        "'data_bytes': N, 'sections': {'params': '<32 hex>', 'buffers': ..., 'optim': ..., "
-        "'ema': ..., 'rng': ...}}, each the xxh3-128 of the section's tensor bytes in file "
-        "order (a tensor's section: its name before the first '/'). Set by the writer; a reader "
-        "verifies the sections it reads, nitro verify all of them.",
+        description="The digests of the header and of each section of the data: {'header': "
+        "'<32 hex>', 'algorithm': 'xxh3-128', 'data_bytes': N, 'sections': {'params': '<32 "
+        "hex>', 'buffers': ..., 'optim': ..., 'ema': ..., 'rng': ...}}: 'header' the xxh3-128 "
+        "of the header bytes with its own 32 digits zeroed (checked when no manifest lists the "
+        "record), each section the xxh3-128 of its tensor bytes in file order (a tensor's "
+        "section: its name before the first '/'). Set by the writer; a reader verifies the "
+        "sections it reads, nitro verify all of them.",
     )
     tensor_digest: str | None = Field(
         default=None,

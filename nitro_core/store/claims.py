@@ -13,7 +13,6 @@ import errno
 import fcntl
 import os
 import re
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nitro_core.errors import ConfigError
-from nitro_core.store import safeio
+from nitro_core.store import deleter, safeio
 from nitro_core.store.safeio import (
     close_lock,
     flocked,
@@ -43,15 +42,10 @@ def tmp_path(path: Path) -> Path:
 
 
 def remove_file(path: Path) -> None:
-    """Delete a record the manifest no longer lists (already gone is fine); a record
-    directory (several processes wrote it) goes with its files."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-        return
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    """Delete a record the manifest no longer lists, or a leftover (already gone is fine); a
+    record directory (several processes wrote it) goes with its files. Through the one
+    deleter, :func:`nitro_core.store.deleter.remove`: no link is followed."""
+    deleter.remove(path)
 
 
 # -- reserving a record's name ---------------------------------------------------------------
@@ -136,12 +130,10 @@ def reclaim_stale(directory: Path) -> list[tuple[str, int]]:
         path = Path(directory) / name
         if not _STALE.search(name) or in_flight(path):
             continue
-        try:
-            size = path.lstat().st_size
-            os.unlink(path)
-        except FileNotFoundError:
+        gone = deleter.remove(path)
+        if gone.kind == "missing":
             continue  # another writer reclaimed it first
-        removed.append((name, size))
+        removed.append((name, gone.bytes))
     if removed:
         fsync_dir(Path(directory))
     return removed

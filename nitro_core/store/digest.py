@@ -25,6 +25,17 @@ against a disk that writes at about 1 GB/s. The threat is accidental corruption 
 torn or truncated writes, a swapped file), which a 128-bit non-cryptographic hash detects;
 whoever can rewrite a record can rewrite the manifest beside it too.
 
+The header's own digest, so that a record no manifest lists (an average, an export, a file
+copied out of its run) still detects an edited header: the ``integrity`` block is the first
+key of the ``nitro`` metadata and opens with ``"header": "<32 hex>"``, the xxh3-128 of the
+file's first ``8 + N`` bytes with those 32 hex digits written as zeros. It sits at a fixed
+offset (:data:`HEADER_SLOT`), so a reader checks it from the header bytes without parsing
+them, and it covers every header byte (the tensor table too, not only the metadata). A record
+directory's ``header.json`` carries the same ``integrity.header``: the xxh3-128 of its
+canonical JSON (``json.dumps(..., sort_keys=True)``, as it is written) with that value zeroed.
+A header without one (written before it) is not checked this way; a listed record's header is
+checked against the manifest either way.
+
 Records written before: their header carries ``tensor_digest`` (``"sha256-8MiB-blocks:<hex>"``,
 sha256 over the sha256 of each 8 MiB block of the data section) and their manifest entry the
 ``sha256`` of the whole file; :class:`LegacyBlocks` and ``hashlib.sha256`` still check them.
@@ -33,6 +44,7 @@ sha256 over the sha256 of each 8 MiB block of the data section) and their manife
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -47,6 +59,10 @@ LEGACY_FILE = "sha256"  # manifest entries written before: sha256 of the whole f
 BLOCK = 8 * 1024 * 1024
 _HEX = 32
 _PLACEHOLDER = "0" * _HEX
+
+
+# the bytes that open a record's header: 8-byte length, then this, then the header digest
+HEADER_SLOT = b'{"__metadata__":{"nitro":"{\\"integrity\\":{\\"header\\":\\"'
 
 
 def section_of(name: str) -> str:
@@ -72,8 +88,9 @@ class Sections:
 
 
 def block(sections: dict[str, str], data_bytes: int) -> dict[str, Any]:
-    """The header's ``integrity`` block."""
+    """The header's ``integrity`` block (its header digest zeroed: :func:`seal` fills it)."""
     return {
+        "header": _PLACEHOLDER,
         "algorithm": ALGORITHM,
         "data_bytes": data_bytes,
         "sections": dict(sorted(sections.items())),
@@ -84,6 +101,47 @@ def placeholder(names: Iterable[str], data_bytes: int) -> dict[str, Any]:
     """An ``integrity`` block of the final one's length, written first and replaced once the
     data is written (every digest is 32 hex digits, so the header keeps its size)."""
     return block({name: _PLACEHOLDER for name in names}, data_bytes)
+
+
+def seal(head: bytes) -> bytes:
+    """``head`` (a record's first ``8 + N`` bytes, its header digest zeroed at
+    :data:`HEADER_SLOT`) with its header digest written in."""
+    at = 8 + len(HEADER_SLOT)
+    assert head[8:at] == HEADER_SLOT and head[at : at + _HEX] == _PLACEHOLDER.encode()
+    return head[:at] + xxhash.xxh3_128(head).hexdigest().encode() + head[at + _HEX :]
+
+
+def header_check(head: bytes) -> tuple[str, str] | None:
+    """``(recorded, actual)`` header digests of a record's first ``8 + N`` bytes, or None for
+    a header that carries none (written before header digests)."""
+    at = 8 + len(HEADER_SLOT)
+    if head[8:at] != HEADER_SLOT:
+        return None
+    recorded = head[at : at + _HEX]
+    zeroed = head[:at] + _PLACEHOLDER.encode() + head[at + _HEX :]
+    return recorded.decode("ascii", "replace"), str(xxhash.xxh3_128(zeroed).hexdigest())
+
+
+def json_header_check(header: dict[str, Any]) -> tuple[str, str] | None:
+    """``(recorded, actual)`` header digests of a record directory's parsed ``header.json``,
+    or None when it carries none (written before header digests)."""
+    block = header.get(KEY)
+    if not isinstance(block, dict) or "header" not in block:
+        return None
+    zeroed = {**header, KEY: {**block, "header": _PLACEHOLDER}}
+    return str(block["header"]), json_header_digest(zeroed)
+
+
+def json_header_digest(header: dict[str, Any]) -> str:
+    """The xxh3-128 of ``header`` as ``header.json`` holds it (keys sorted)."""
+    return str(xxhash.xxh3_128(json.dumps(header, sort_keys=True).encode()).hexdigest())
+
+
+def sealed_json_header(header: dict[str, Any]) -> bytes:
+    """``header.json``'s bytes: ``header`` with an ``integrity`` block naming its digest."""
+    block = {"algorithm": ALGORITHM, "header": _PLACEHOLDER}
+    sealed = {**header, KEY: {**block, "header": json_header_digest({**header, KEY: block})}}
+    return json.dumps(sealed, sort_keys=True).encode()
 
 
 def of_empty() -> str:

@@ -7,9 +7,13 @@ its execution is never deleted unseen. The order is retention's: the manifest fi
 record counts only while it is listed), then the files, then a directory fsync; a crash
 between the two leaves unlisted files, which count for nothing.
 
-Nothing is followed through a link, and only regular files are removed: a listed name that
-holds a link or a directory is left in place and reported as skipped, and a run's log goes
-only when ``logs/`` is a real directory of the run directory. A run some process is training
+Every name goes through the one deleter (:mod:`nitro_core.store.deleter`, which retention
+uses too): a record file, or a record directory with every file in it (its bytes are its
+files' sizes summed). Nothing is followed through a link: a listed name that is a link is
+unlinked as a link (its target, wherever it leads, is untouched, and 0 bytes are freed), a
+link inside a record directory likewise; a name that holds anything else (a FIFO) is left in
+place and reported as skipped; a run's log goes only when ``logs/`` is a real directory of
+the run directory. A run some process is training
 right now (its run lock held) is refused: its trainer would write on after the deletion. A
 dry run reads only: it takes no lock and creates no file.
 """
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from nitro_core.errors import TrainingRefused
-from nitro_core.store import manifest
+from nitro_core.store import deleter, manifest
 from nitro_core.store.claims import manifest_lock, run_lock, run_lock_path
 from nitro_core.store.manifest import Manifest, ManifestEntry
 from nitro_core.store.safeio import fsync_dir, open_nofollow
@@ -52,7 +56,7 @@ class RemovedFile:
     """One file a deletion removes: a record, or a log of a run that goes whole."""
 
     path: str  # relative to the run directory
-    bytes: int  # its size on disk
+    bytes: int  # its size on disk (a record directory's files summed; a link: 0)
     run: str  # the run it belongs to
 
 
@@ -62,7 +66,7 @@ class Removed:
 
     files: tuple[RemovedFile, ...]
     missing: tuple[str, ...]  # listed records already gone from disk (their entries go)
-    skipped: tuple[str, ...]  # names holding a link or a directory: left in place
+    skipped: tuple[str, ...]  # names holding neither a file, a directory nor a link: left
     dry_run: bool
 
 
@@ -105,10 +109,7 @@ def remove(
             current.points.pop(run, None)
         manifest.save(run_dir, current)
         for gone in found.files:  # unlisted now; removed under the lock, as retention does
-            try:
-                os.unlink(run_dir / gone.path)
-            except FileNotFoundError:
-                pass
+            deleter.remove(run_dir / gone.path)
         for directory in sorted({(run_dir / f.path).parent for f in found.files}, reverse=True):
             fsync_dir(directory)
         for run in plan.runs:  # an emptied directory of event files goes too
@@ -130,16 +131,14 @@ def _survey(run_dir: Path, plan: Doomed, dry_run: bool) -> Removed:
     named = [(e.file, e.run, True) for e in plan.entries]
     named += [(name, run, False) for run in plan.runs for name in run_logs(run_dir, run)]
     for name, run, listed in named:
-        try:
-            st = os.lstat(run_dir / name)
-        except FileNotFoundError:
+        found = deleter.survey(run_dir / name)
+        if found.kind == "missing":
             if listed:
                 missing.append(name)
-            continue
-        if stat.S_ISREG(st.st_mode):
-            files.append(RemovedFile(name, st.st_size, run))
-        else:
+        elif found.kind == "other" or (found.kind == "directory" and not listed):
             skipped.append(name)
+        else:
+            files.append(RemovedFile(name, found.bytes, run))
     return Removed(tuple(files), tuple(missing), tuple(skipped), dry_run)
 
 

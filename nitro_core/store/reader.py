@@ -4,8 +4,9 @@ exactly the sections read verified (:mod:`nitro_core.store.digest`).
 :class:`RecordFile` opens a record (never through a link), parses its header once, and
 checks what the header alone can tell: the JSON, tensors that tile the data section with
 no gap and match their shapes, a file size equal to what the header describes (a truncated
-file, or bytes past the end, are refused before any tensor is read), and, for a listed
-record, the header bytes against the manifest's digest. Then:
+file, or bytes past the end, are refused before any tensor is read), and the header bytes:
+for a listed record against the manifest's digest, for another against the digest its
+integrity block carries. Then:
 
 - :meth:`RecordFile.read` makes each wanted tensor a view of its bytes in a private memory
   mapping of the file (pages read on first touch, copied only when written; no copy; a
@@ -119,6 +120,30 @@ def appended(path: Path) -> CheckpointCorrupt:
     )
 
 
+def check_header(path: Path, head: bytes, expected: str | None = None) -> None:
+    """Refuse a header whose bytes are not what was written: against ``expected``, the
+    manifest's digest of a listed record (``xxh3-128-tree:<hex>``), else against the digest
+    the header carries (a record written before header digests carries none, and passes; an
+    entry written before, ``sha256:<hex>``, is checked over the whole file by its reader)."""
+    if expected is not None and expected.startswith(f"{digest.TREE}:"):
+        if (actual := digest.tree(head)) != expected:
+            raise CheckpointCorrupt(
+                f"Checkpoint {str(path)!r} is corrupt: its header digests to "
+                f"{digest.short(actual)}, the manifest recorded {digest.short(expected)} "
+                "when it was written. Load another checkpoint (read_manifest lists them) "
+                "or restore this file from a backup."
+            )
+        return
+    found = digest.header_check(head)
+    if found is not None and found[0] != found[1]:
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r} is corrupt: its header digests to "
+            f"{digest.ALGORITHM}:{found[1][:16]}..., its integrity block recorded "
+            f"{digest.ALGORITHM}:{found[0][:16]}... when it was written (the header was edited "
+            "since). Load another checkpoint or restore this file from a backup."
+        )
+
+
 def read_head(fd: int, path: Path, size: int) -> bytes:
     """The file's first ``8 + N`` bytes: the header length and the JSON header."""
     first = os.pread(fd, min(size, _FIRST), 0)
@@ -162,6 +187,7 @@ class RecordFile:
         path = self.path
         size = os.fstat(self.fd).st_size
         self.head = read_head(self.fd, path, size)
+        check_header(path, self.head, expected)
         try:
             with paused_gc():  # thousands of small objects: skip the collector's scans
                 header = json.loads(self.head[8:])
@@ -204,13 +230,7 @@ class RecordFile:
         self.whole: Any = None  # a hasher every byte goes through (records written before)
         self.legacy: digest.LegacyBlocks | None = None
         if expected is not None and expected.startswith(f"{digest.TREE}:"):
-            if (actual := digest.tree(self.head)) != expected:
-                raise CheckpointCorrupt(
-                    f"Checkpoint {str(path)!r} is corrupt: its header digests to "
-                    f"{digest.short(actual)}, the manifest recorded {digest.short(expected)} "
-                    "when it was written. Load another checkpoint (read_manifest lists them) "
-                    "or restore this file from a backup."
-                )
+            pass  # the header bytes matched the manifest (check_header)
         elif expected is not None:
             self.expected_sha256 = expected.removeprefix(f"{digest.LEGACY_FILE}:")
             self.whole = hashlib.sha256(self.head)

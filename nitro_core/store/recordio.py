@@ -52,6 +52,7 @@ from nitro_core.store.claims import (
 )
 from nitro_core.store.reader import (
     RecordFile,
+    check_header,
     open_record,
     paused_gc,
     prefetch,
@@ -219,19 +220,22 @@ def open_record_file(path: Path, expected: str | None = None) -> Any:
     return RecordFile(Path(path), expected)
 
 
-def read_header(path: Path) -> dict[str, Any]:
+def read_header(path: Path, expected: str | None = None) -> dict[str, Any]:
     """The ``nitro`` metadata of a record, reading only the header bytes. A record Nitro
     wrote puts its metadata first and says how long its data is, so only the metadata is
-    parsed, not the table of tensors; a truncated file is refused."""
+    parsed, not the table of tensors; a truncated file is refused, and so is a header whose
+    bytes differ from ``expected`` (the manifest's digest of a listed record) or, without it,
+    from the digest the header carries."""
     path = Path(path)
     if shards.is_sharded(path):  # a record directory: its header.json
-        return shards.read_header(path)
+        return shards.read_header(path, expected)
     fd = open_record(path)
     try:
         size = os.fstat(fd).st_size
         head = read_head(fd, path, size)
     finally:
         os.close(fd)
+    check_header(path, head, expected)
     try:
         with paused_gc():  # thousands of small objects at once: skip the collector's scans
             meta, data_bytes = _metadata_first(head)

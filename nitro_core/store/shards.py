@@ -21,18 +21,20 @@ files are written and fsynced, with every rank's digest; rank 0 then writes ``he
 ``.tmp`` directory is never selected, loaded or resumed into.
 
 Digests, the same hash tree as a record file's (:mod:`nitro_core.store.digest`):
-``header.json`` names the xxh3-128 of every shard file (``"shards": {file: hex}``), and the
-manifest's ``digest`` is ``xxh3-128-tree:`` and the xxh3-128 of ``header.json``'s bytes, so
-that one value covers every byte of the directory; ``bytes`` is the files' sizes summed. A
-reader checks ``header.json`` against the manifest when it lists the record, then every
-shard against the header.
+``header.json`` names the xxh3-128 of every shard file (``"shards": {file: hex}``) and of
+itself (``"integrity": {"header": hex}``, for a record no manifest lists), and the manifest's
+``digest`` is ``xxh3-128-tree:`` and the xxh3-128 of ``header.json``'s bytes, so that one
+value covers every byte of the directory; ``bytes`` is the files' sizes summed. A reader
+checks ``header.json`` against the manifest when it lists the record (else against its own
+digest), then that the directory holds exactly the shards it lists, as files, then every
+shard against the header; a refusal names the file that differs.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -43,13 +45,15 @@ import torch
 import xxhash
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, RecordError
-from nitro_core.store import digest
+from nitro_core.store import deleter, digest
 from nitro_core.store.safeio import fsync_dir, open_nofollow
 from nitro_core.store.writer import DTYPES
 
 HEADER_NAME = "header.json"
 SHARD_SUFFIX = ".safetensors"
+SHARD_NAME = re.compile(r"^shard-\d+-model-\d+-of-\d+\.safetensors$")  # DCP's names
 _CHUNK = 8 * 1024 * 1024
+_MAX_SHARD_HEADER = 100 * 1024 * 1024
 
 
 def is_sharded(path: Path) -> bool:
@@ -72,7 +76,7 @@ def write(tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool) -> dict[st
         remove_tree(tmp)  # a directory a killed write left under this name
         tmp.mkdir(parents=True)
     writer = ShardWriter(str(tmp))
-    save(dict(tensors), storage_writer=writer)
+    save(dict(tensors), storage_writer=writer, planner=_rank_0_writes_plain())
     return dict(writer.digests)
 
 
@@ -92,7 +96,9 @@ def write_async(
         remove_tree(tmp)
         tmp.mkdir(parents=True)
     writer = ShardWriter(str(tmp))
-    saved = async_save(dict(tensors), storage_writer=writer, process_group=group)
+    saved = async_save(
+        dict(tensors), storage_writer=writer, planner=_rank_0_writes_plain(), process_group=group
+    )
     assert isinstance(saved, Future)  # the thread checkpointer returns a plain future
     digests: Future[dict[str, str]] = Future()
 
@@ -106,6 +112,16 @@ def write_async(
 
     saved.add_done_callback(done)
     return digests
+
+
+def _rank_0_writes_plain() -> Any:
+    """DCP's planner, writing each plain (not DTensor) tensor from rank 0's copy: a rank's
+    generators and data position are plain tensors that differ between ranks, and the
+    record's ``rng/`` must be rank 0's, as its header is (DCP's default writes each from
+    whichever rank has written the least so far)."""
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+    return DefaultSavePlanner(dedup_save_to_lowest_rank=True)
 
 
 def _check_tensors(tensors: Mapping[str, Any]) -> None:
@@ -137,9 +153,9 @@ def publish(
             f"Record directory {str(tmp)!r} holds the files {present}, the ranks wrote "
             f"{sorted(digests)}; another process wrote into it. Save the record again."
         )
-    header = dict(meta)
+    header = {k: v for k, v in meta.items() if k != digest.KEY}
     header["shards"] = dict(sorted(digests.items()))
-    raw = json.dumps(header, sort_keys=True).encode()
+    raw = digest.sealed_json_header(header)  # with its own digest: integrity.header
     fd = open_nofollow(tmp / HEADER_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     with os.fdopen(fd, "wb") as f:
         f.write(raw)
@@ -153,7 +169,11 @@ def publish(
 
 def manifest_digest(path: Path) -> str:
     """The manifest's digest of a record directory: the hash of its ``header.json``."""
-    with os.fdopen(open_nofollow(path / HEADER_NAME, os.O_RDONLY), "rb") as f:
+    try:
+        fd = open_nofollow(path / HEADER_NAME, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _no_header(path) from None
+    with os.fdopen(fd, "rb") as f:
         return digest.tree(f.read())
 
 
@@ -169,37 +189,22 @@ def _file_digest(path: Path) -> str:
     return str(hasher.hexdigest())
 
 
-def read_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a record directory."""
-    target = path / HEADER_NAME
-    try:
-        fd = open_nofollow(target, os.O_RDONLY)
-    except FileNotFoundError:
-        raise CheckpointMissing(
-            f"Checkpoint {str(path)!r} is a directory without {HEADER_NAME}, so not a "
-            "committed sharded record (a write interrupted before its commit leaves "
-            "'<name>.tmp'). Load another checkpoint."
-        ) from None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            meta = json.loads(f.read())
-        if not isinstance(meta, dict):
-            raise ValueError("the header is not a JSON object")
-    except ValueError as exc:
-        raise CheckpointCorrupt(
-            f"Checkpoint {str(path)!r}: its {HEADER_NAME} is not readable ({exc}). Load "
-            "another checkpoint."
-        ) from None
-    meta.pop("shards", None)
-    return meta
+def _no_header(path: Path) -> CheckpointMissing:
+    return CheckpointMissing(
+        f"Checkpoint {str(path)!r} is a directory without {HEADER_NAME}, so not a "
+        "committed sharded record (a write interrupted before its commit leaves "
+        "'<name>.tmp'). Load another checkpoint."
+    )
 
 
-def verify(path: Path, expected: str | None, part: tuple[int, int] = (0, 1)) -> None:
-    """Check a record directory: ``header.json`` against the manifest's digest (when it
-    lists the record), then every shard against the digest the header gives it; raise
-    :class:`CheckpointCorrupt` naming what differs. ``part=(rank, world)``: check only every
-    ``world``-th shard file from ``rank`` on (the ranks of a job share the work)."""
-    with os.fdopen(open_nofollow(path / HEADER_NAME, os.O_RDONLY), "rb") as f:
+def _header(path: Path, expected: str | None) -> dict[str, Any]:
+    """``header.json`` parsed and checked: against ``expected`` (the manifest's digest) when
+    the record is listed, else against the digest it carries."""
+    try:
+        fd = open_nofollow(path / HEADER_NAME, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _no_header(path) from None
+    with os.fdopen(fd, "rb") as f:
         raw = f.read()
     if expected is not None and digest.tree(raw) != expected:
         raise CheckpointCorrupt(
@@ -207,20 +212,150 @@ def verify(path: Path, expected: str | None, part: tuple[int, int] = (0, 1)) -> 
             f"({digest.short(expected)}); the record changed since it was written. Load "
             "another checkpoint."
         )
-    shards = json.loads(raw).get("shards", {})
-    present = {p.name for p in path.iterdir() if p.name.endswith(SHARD_SUFFIX)}
-    if present != set(shards):
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("the header is not a JSON object")
+    except ValueError as exc:
         raise CheckpointCorrupt(
-            f"Checkpoint {str(path)!r} holds the shards {sorted(present)}, its header lists "
-            f"{sorted(shards)}. Load another checkpoint."
+            f"Checkpoint {str(path)!r}: its {HEADER_NAME} is not readable ({exc}). Load "
+            "another checkpoint."
+        ) from None
+    found = digest.json_header_check(header) if expected is None else None
+    if found is not None and found[0] != found[1]:
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: its {HEADER_NAME} digests to "
+            f"{digest.ALGORITHM}:{found[1][:16]}..., its integrity block recorded "
+            f"{digest.ALGORITHM}:{str(found[0])[:16]}... when it was written (the header was "
+            "edited since). Load another checkpoint."
         )
-    rank, world = part
-    for name, value in sorted(shards.items())[rank::world]:
-        if _file_digest(path / name) != value:
+    return header
+
+
+def read_header(path: Path, expected: str | None = None) -> dict[str, Any]:
+    """The JSON header of a record directory (checked as :func:`verify` checks it, without
+    its shards): its metadata, without the shard list."""
+    meta = _header(Path(path), expected)
+    meta.pop("shards", None)
+    return meta
+
+
+def verify(path: Path, expected: str | None, part: tuple[int, int] = (0, 1)) -> list[str]:
+    """Check a record directory: ``header.json`` against the manifest's digest (when it
+    lists the record) or its own, the files present against the shards it lists (none
+    missing, none added, none a link), then every shard against the digest the header gives
+    it; raise :class:`CheckpointCorrupt` naming the file that differs
+    (:class:`CheckpointMissing` without ``header.json``). ``part=(rank, world)``: hash only
+    every ``world``-th shard file from ``rank`` on (the ranks of a job share the work).
+    Returns the sections of the record's tensors (from the shards' own headers)."""
+    path = Path(path)
+    header = _header(path, expected)
+    shards = header.get("shards")
+    if not isinstance(shards, dict) or not all(isinstance(v, str) for v in shards.values()):
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: its {HEADER_NAME} lists no shards ('shards' is "
+            f"{_clip(shards)}). Load another checkpoint."
+        )
+    with os.scandir(path) as it:
+        present = {e.name: e for e in it if e.name != HEADER_NAME}
+    missing = sorted(set(shards) - set(present))
+    if missing:
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r} is missing the shard {missing[0]!r} its {HEADER_NAME} "
+            f"lists ({len(missing)} of {len(shards)} shard files missing). Load another "
+            "checkpoint."
+        )
+    extra = sorted(set(present) - set(shards))
+    if extra:
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r} holds {extra[0]!r}, which its {HEADER_NAME} does not "
+            f"list ({len(extra)} file(s) added since it was written). Load another checkpoint."
+        )
+    for name in sorted(shards):
+        if not present[name].is_file(follow_symlinks=False):
+            kind = "a symbolic link" if present[name].is_symlink() else "not a regular file"
             raise CheckpointCorrupt(
-                f"Checkpoint {str(path)!r}: shard {name!r} does not match the digest its "
-                "header gives; it changed since it was written. Load another checkpoint."
+                f"Checkpoint {str(path)!r}: shard {name!r} is {kind}, not the file its rank "
+                "wrote; Nitro never reads a shard through a link (it could lead outside the "
+                "run directory). Load another checkpoint."
             )
+    rank, world = part
+    sections: set[str] = set()
+    for name, value in sorted(shards.items())[rank::world]:
+        if (actual := _file_digest(path / name)) != value:
+            raise _differs(path, name, actual, shards)
+    for name in sorted(shards):
+        sections |= _shard_sections(path / name)
+    return sorted(sections)
+
+
+def _differs(path: Path, name: str, actual: str, shards: Mapping[str, str]) -> CheckpointCorrupt:
+    """The refusal of shard ``name``, whose bytes digest to ``actual``: saying what it holds
+    when that can be told (another shard's bytes, or fewer or more than its own header
+    describes)."""
+    other = next((n for n, v in sorted(shards.items()) if v == actual and n != name), None)
+    if other is not None:
+        return CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: shard {name!r} holds the bytes of shard {other!r} (the "
+            "shard files were swapped or copied over each other since they were written). "
+            "Load another checkpoint."
+        )
+    size, described = _shard_extent(path / name)
+    if described is not None and size != described:
+        how = (
+            f"is truncated: it ends {described - size} bytes short of"
+            if size < described
+            else f"has {size - described} bytes past the end"
+        )
+        return CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: shard {name!r} {how} what its safetensors header "
+            "describes. Load another checkpoint."
+        )
+    return CheckpointCorrupt(
+        f"Checkpoint {str(path)!r}: shard {name!r} does not match the digest its "
+        "header gives; it changed since it was written. Load another checkpoint."
+    )
+
+
+def _shard_head(path: Path) -> tuple[int, dict[str, Any] | None, int]:
+    """(file size, the shard's safetensors header or None when unreadable, header bytes)."""
+    with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        first = f.read(8)
+        if len(first) < 8:
+            return size, None, 0
+        n = int.from_bytes(first, "little")
+        if n > _MAX_SHARD_HEADER or 8 + n > size:
+            return size, None, 0
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return size, None, 0
+    return size, header if isinstance(header, dict) else None, 8 + n
+
+
+def _shard_extent(path: Path) -> tuple[int, int | None]:
+    """(the shard's size, the size its safetensors header describes, or None)."""
+    size, header, start = _shard_head(path)
+    if header is None:
+        return size, None
+    ends = [
+        v["data_offsets"][1]
+        for k, v in header.items()
+        if k != "__metadata__" and isinstance(v, dict) and isinstance(v.get("data_offsets"), list)
+    ]
+    return size, start + max(ends, default=0)
+
+
+def _shard_sections(path: Path) -> set[str]:
+    """The sections of the tensors a (verified) shard holds."""
+    _, header, _ = _shard_head(path)
+    return {digest.section_of(k) for k in header or {} if k != "__metadata__"}
+
+
+def _clip(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "…"
 
 
 def read(
@@ -256,11 +391,9 @@ def stream(
 
 
 def remove_tree(path: Path) -> None:
-    """Delete a record directory (gone already is fine; a link is unlinked, not followed)."""
-    if path.is_symlink():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
+    """Delete a record directory (gone already is fine; a link is unlinked, not followed),
+    through the one deleter."""
+    deleter.remove(path)
 
 
 def _named(target: str) -> Callable[[str], bool]:

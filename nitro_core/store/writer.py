@@ -7,7 +7,8 @@ final length and streams the tensors (the memory copy into the page cache, at fu
 nothing else reads memory meanwhile); then, while a helper thread waits for ``fdatasync`` to
 put that data on the disk, it hashes the same host tensors; then it rewrites the header in
 place, before the fsync that makes the file durable (which then has one page left to
-write). The hash overlaps the disk's time instead of adding to the write's, and the helper
+write). The integrity block also names the digest of the header bytes themselves, so a record
+no manifest lists still detects an edited header. The hash overlaps the disk's time instead of adding to the write's, and the helper
 only waits on the disk. The manifest's digest of the file is the xxh3-128 of the final
 header bytes.
 
@@ -92,17 +93,18 @@ class Layout:
 
     def header(self, sections: dict[str, str] | None) -> bytes:
         """``8-byte length + JSON header`` padded to 8 bytes; placeholder digests without
-        ``sections``, which has the same length."""
+        ``sections``, which has the same length. The header digest is sealed in either way."""
         block = (
             digest.placeholder(self.sections, self.data_bytes)
             if sections is None
             else digest.block(sections, self.data_bytes)
         )
-        meta = {**self.meta, digest.KEY: block}
+        # the integrity block first: its header digest at a fixed offset (digest.HEADER_SLOT)
+        meta = {digest.KEY: block, **{k: v for k, v in self.meta.items() if k != digest.KEY}}
         header = {"__metadata__": {META_KEY: json.dumps(meta, separators=(",", ":"))}}
         head = json.dumps({**header, **self.entries}, separators=(",", ":")).encode()
         head += b" " * (-len(head) % 8)
-        return struct.pack("<Q", len(head)) + head
+        return digest.seal(struct.pack("<Q", len(head)) + head)
 
     def pieces(self) -> Iterator[tuple[str, memoryview]]:
         """``(section, bytes)`` of every tensor in file order, in pieces of at most 8 MiB."""

@@ -38,10 +38,25 @@ def sections(path: Path) -> dict[str, str]:
     return {s: xxhash.xxh3_128(b).hexdigest() for s, b in sorted(joined.items())}
 
 
+def header_digest(path: Path) -> str:
+    """xxh3-128 of the header bytes with the 32 hex digits of ``integrity.header`` (the
+    first value of the ``nitro`` metadata) zeroed."""
+    head, _, _ = header_and_data(path)
+    slot = b'{"__metadata__":{"nitro":"{\\"integrity\\":{\\"header\\":\\"'
+    assert head[8 : 8 + len(slot)] == slot, "the header digest is not where it belongs"
+    at = 8 + len(slot)
+    return xxhash.xxh3_128(head[:at] + b"0" * 32 + head[at + 32 :]).hexdigest()
+
+
 def integrity(path: Path) -> dict[str, Any]:
     """The integrity block the header must carry."""
     _, _, data = header_and_data(path)
-    return {"algorithm": "xxh3-128", "data_bytes": len(data), "sections": sections(path)}
+    return {
+        "header": header_digest(path),
+        "algorithm": "xxh3-128",
+        "data_bytes": len(data),
+        "sections": sections(path),
+    }
 
 
 def section_range(path: Path, section: str) -> tuple[int, int]:

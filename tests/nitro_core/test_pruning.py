@@ -22,7 +22,8 @@ from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry, Point
 
-from .tiny import Tiny
+from .sharded_runs import to_record_directories
+from .tiny import KeepLast, Tiny
 
 SHA = "0" * 64
 
@@ -194,10 +195,11 @@ def test_links_in_a_run_directory_are_never_followed(two_runs, tmp_path):
     os.rename(d / "logs", tmp_path / "real_logs")
     (d / "logs").symlink_to(outside)
     done = delete_checkpoints(d, run=a, dry_run=False)
-    assert done.skipped == (record,) and f"logs/{a}.jsonl" not in [f.path for f in done.files]
+    assert done.skipped == () and f"logs/{a}.jsonl" not in [f.path for f in done.files]
+    assert [f.bytes for f in done.files if f.path == record] == [0]  # the link, not its target
     assert (outside / "precious.safetensors").read_bytes() == b"keep me"
     assert (outside / f"{a}.jsonl").read_bytes() == b"keep me too"
-    assert (d / record).is_symlink() and not [e for e in read_manifest(d) if e.run == a]
+    assert not os.path.lexists(d / record) and not [e for e in read_manifest(d) if e.run == a]
 
 
 def test_a_directory_that_does_not_exist_is_refused_without_creating_it(tmp_path):
@@ -208,6 +210,80 @@ def test_a_directory_that_does_not_exist_is_refused_without_creating_it(tmp_path
         "directory, one that holds a manifest.json."
     )
     assert not (tmp_path / "nope").exists()
+
+
+# -- record directories (an FSDP run's): one deleter for files and directories ---------------
+def _tree_bytes(directory: Path) -> int:
+    return sum(
+        p.lstat().st_size for p in directory.rglob("*") if p.is_file() and not p.is_symlink()
+    )
+
+
+def test_deleting_record_directories_frees_every_file_in_them(tmp_path):
+    d = tmp_path / "run"
+    run = Nitro(KeepLast(), run_dir=d).train().run_id
+    dirs = to_record_directories(d)
+    sizes = {p.name: _tree_bytes(p) for p in dirs}
+    dry = delete_checkpoints(d, run=run)
+    records = {f.path: f.bytes for f in dry.files if not f.path.startswith("logs/")}
+    assert records == sizes and all(p.is_dir() for p in dirs)  # a dry run counts, keeps
+    done = delete_checkpoints(d, run=run, dry_run=False)
+    assert [(f.path, f.bytes) for f in done.files] == [(f.path, f.bytes) for f in dry.files]
+    assert done.bytes == dry.bytes >= sum(sizes.values()) > 0
+    assert not any(os.path.lexists(p) for p in dirs) and read_manifest(d) == []
+
+
+def test_links_at_or_inside_a_record_directory_are_never_followed(tmp_path):
+    d = tmp_path / "run"
+    run = Nitro(KeepLast(), run_dir=d).train().run_id
+    first, second = to_record_directories(d)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.safetensors").write_bytes(b"keep me")
+    shard = next(first.glob("shard-*.safetensors"))
+    shard.unlink()
+    shard.symlink_to(outside / "precious.safetensors")  # a link inside a record directory
+    kept = _tree_bytes(first)
+    os.rename(second, outside / "record")
+    second.symlink_to(outside / "record")  # a record directory that is a link
+    before = snapshot(outside)
+    done = delete_checkpoints(d, files=[first.name, second.name], dry_run=False)
+    assert [(f.path, f.bytes) for f in done.files] == [(first.name, kept), (second.name, 0)]
+    assert snapshot(outside) == before  # neither link was followed
+    assert not os.path.lexists(first) and not os.path.lexists(second)
+    assert read_manifest(d) == [] and manifest.load(d).points[run]
+
+
+def test_retention_evicts_record_directories_through_the_one_deleter(tmp_path):
+    d = tmp_path / "run"
+    Nitro(KeepLast(), run_dir=d).train().logger.close()
+    dirs = to_record_directories(d)
+    Nitro(KeepLast(max_epochs=5), run_dir=d, resume="auto").train().logger.close()
+    assert [e.epoch for e in read_manifest(d)] == [4, 5]  # Last(2): both directories evicted
+    assert not any(os.path.lexists(p) for p in dirs)
+
+
+def test_nitro_delete_reports_the_bytes_of_record_directories(tmp_path):
+    import anyio
+    from mcp import Client
+
+    from nitro_mcp.server import build_server
+
+    d = tmp_path / "runs" / "x"
+    run = Nitro(KeepLast(), run_dir=d).train().run_id
+    dirs = to_record_directories(d)
+    size = sum(_tree_bytes(p) for p in dirs)
+
+    async def delete():
+        async with Client(build_server(tmp_path)) as client:
+            args = {"run_dir": "runs/x", "files": [p.name for p in dirs], "dry_run": False}
+            return await client.call_tool("nitro_delete", args)
+
+    result = anyio.run(delete)
+    reply = result.structured_content
+    assert not result.is_error and (reply["files_total"], reply["bytes"]) == (2, size)
+    assert reply["next"].startswith(f"Deleted 2 files ({size / 1000:.1f} kB) and 2 manifest")
+    assert not any(os.path.lexists(p) for p in dirs) and manifest.load(d).points[run]
 
 
 # -- provenance: a weights branch names its parent ---------------------------------------------

@@ -38,7 +38,9 @@ def test_a_record_directory_reads_back_whole_and_by_section(tmp_path: Path) -> N
     final, tensors, tree = make(tmp_path)
     assert not store.tmp_path(final).exists() and shards.is_sharded(final)
     assert tree == shards.manifest_digest(final) and tree.startswith("xxh3-128-tree:")
-    assert store.read_header(final) == {"epoch": 1, "step": 3}  # the shard list is not meta
+    meta = store.read_header(final)  # the shard list is not meta; the header's digest is
+    assert set(meta.pop("integrity")) == {"algorithm", "header"}
+    assert meta == {"epoch": 1, "step": 3}
     got, meta = store.read_record(final, tree)
     assert meta["epoch"] == 1 and sorted(got) == sorted(tensors)
     for k, v in tensors.items():
@@ -253,3 +255,23 @@ def test_an_average_of_record_files_and_record_directories_adds_like_tensors(
     for key, value in averaged.items():
         mean = sum(s[key].double() for s in states) / 3
         assert torch.equal(value, mean.to(value.dtype)), key
+
+
+def test_a_record_directory_written_before_header_digests_still_reads_and_verifies(
+    tmp_path: Path,
+) -> None:
+    from nitro_core import verify
+
+    final, tensors, _ = make(tmp_path)
+    header = json.loads((final / "header.json").read_bytes())
+    assert set(header.pop("integrity")) == {"algorithm", "header"}
+    (final / "header.json").write_bytes(json.dumps(header, sort_keys=True).encode())
+    assert store.read_header(final) == {"epoch": 1, "step": 3}  # no digest of its own: read
+    got, _ = store.read_record(final)
+    assert sorted(got) == sorted(tensors)
+    (check,) = verify(final)
+    assert (check.ok, check.listed, check.sections) == (
+        True,
+        False,
+        sorted({k.split("/")[0] for k in tensors}),
+    )
