@@ -60,12 +60,12 @@ class Averaged:
 def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averaged:
     """Average the picked records' parameters (and their EMAs when all have one)."""
     picked = resolved.picked
-    state_meta = store.read_header(resolved.path)
+    state_meta = store.read_header(resolved.path, _expected(resolved.entry))
     layout = state_meta["layout"]
     params = [k for k, _, _ in layout["params"]]
-    has_ema = all(_has_ema(run_dir / e.file) for e in picked)
+    has_ema = all(_has_ema(run_dir / e.file, e.expected) for e in picked)
     if load_ema and not has_ema:
-        lacking = next(e for e in picked if not _has_ema(run_dir / e.file))
+        lacking = next(e for e in picked if not _has_ema(run_dir / e.file, e.expected))
         raise ConfigError(
             f"load_ema=True, but {lacking.file!r} (epoch {lacking.epoch}) keeps no EMA; every "
             "picked record must. Drop load_ema to average their parameters."
@@ -304,8 +304,12 @@ def _divide(total: torch.Tensor, count: int, out: torch.Tensor) -> None:
         out.copy_(total.div_(count))
 
 
-def _has_ema(path: Path) -> bool:
-    return store.read_header(path).get("ema_meta") is not None
+def _has_ema(path: Path, expected: str) -> bool:
+    return store.read_header(path, expected).get("ema_meta") is not None
+
+
+def _expected(entry: ManifestEntry | None) -> str | None:
+    return None if entry is None else entry.expected
 
 
 # -- the public entry points ----------------------------------------------------------------------
@@ -330,13 +334,16 @@ def average_checkpoints(
     return result
 
 
-def write_averaged(result: Averaged, path: Path) -> None:
+def write_averaged(result: Averaged, path: Path, metrics: dict[str, float] | None = None) -> None:
     """An ordinary record (params/, buffers/, ema/) holding an average, outside any manifest.
-    It carries no optimizer state, so it loads with ``weights=`` and refuses ``resume=``."""
+    It carries no optimizer state, so it loads with ``weights=`` and refuses ``resume=``.
+    Its ``metrics`` are the average's own (``metrics``: its validation), else none: never
+    those of the record that supplied its layer state."""
     refuse_existing(path, "save=")
     tensors = weights_tensors(result.state, result.ema, result.meta["layout"])
     meta = dict(result.meta)
     meta.update(  # weights only: no optimizer, schedule, RNG or history to resume from
+        metrics=dict(metrics or {}),
         optimizer=None,
         scheduler=None,
         plateau=None,

@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--experiment-module", action="append", default=[], metavar="MODULE",
                        help="register the Experiment subclasses of MODULE: a dotted module importable "
                        "from the root, or a .py file inside it (repeatable; re-imported when edited)")  # fmt: skip
+    serve.add_argument("--import-timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="the longest an --experiment-module may take to import before it is "
+                       "listed as failed (default: %(default)s)")  # fmt: skip
 
     demo = sub.add_parser("demo", help="start the server and drive it over stdio as an agent would")
     demo.add_argument("--root", default=".", help="where runs/ and .nitro/ go (default: .)")
@@ -197,7 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     server = build_server(
         Path(args.root), max_jobs=args.max_jobs, experiment_modules=tuple(args.experiment_module),
-        max_eval_jobs=args.max_eval_jobs,
+        max_eval_jobs=args.max_eval_jobs, import_timeout_s=args.import_timeout,
     )  # fmt: skip
     if args.http:
         serve_http(server, args.port, args.token)
@@ -238,6 +241,14 @@ def _train(args: argparse.Namespace) -> int:
     if not 1 <= args.nproc <= 64:
         print(f"nitro train: --nproc {args.nproc} is not 1 to 64; e.g. --nproc 2.", file=sys.stderr)
         return 2
+    if args.nproc > 1 and "RANK" not in os.environ:  # no more ranks than GPUs, or than CPUs
+        from nitro_core.jobs.ranks import process_limit  # lazy: it imports torch
+
+        limit, what = process_limit("auto")
+        if args.nproc > limit:
+            print(f"nitro train: --nproc {args.nproc} is more processes than this machine has "
+                  f"room for: {what}; e.g. --nproc {limit}.", file=sys.stderr)  # fmt: skip
+            return 2
     if args.nproc > 1 and "RANK" not in os.environ:  # launch the ranks, each running this
         return _launch_ranks(args.nproc, args.argv)
 
@@ -258,8 +269,8 @@ def _train(args: argparse.Namespace) -> int:
             print(json.dumps({k: row[k] for k in ("epoch", "step", "train_loss", "val")}))
 
     n.train(on_epoch=on_epoch)
-    if main_rank:
-        print(f"run {n.run_id} in {n.run_dir}: {n.stop_reason} at epoch {n.epoch}")
+    if main_rank:  # prose for the person: stdout carries only the JSON lines
+        print(f"run {n.run_id} in {n.run_dir}: {n.stop_reason} at epoch {n.epoch}", file=sys.stderr)
     n.close()
     return 0
 
@@ -302,21 +313,18 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _average(args: argparse.Namespace) -> int:
+    run_dir = _run_directory(args.run_dir)
     from nitro_core import average_checkpoints  # lazy
 
-    result = average_checkpoints(args.run_dir, args.source, save=args.save)
+    result = average_checkpoints(run_dir, args.source, save=args.save)
     print(json.dumps({"averaged_from": result.averaged_from, "saved": args.save}, indent=2))
     return 0
 
 
 def _runs(args: argparse.Namespace) -> int:
+    run_dir = _run_directory(args.run_dir)
     from nitro_core import read_manifest  # lazy
 
-    run_dir = Path(args.run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(
-            f"{str(run_dir)!r} is not a directory; give a run directory such as runs/Classifier"
-        )
     entries = read_manifest(run_dir)
     if not entries:
         print(f"{run_dir}: no checkpoints")
@@ -339,10 +347,28 @@ def _runs(args: argparse.Namespace) -> int:
 
 
 def _manifest(args: argparse.Namespace) -> int:
+    run_dir = _run_directory(args.run_dir)
     from nitro_core import read_manifest  # lazy
 
-    print(json.dumps([e.model_dump() for e in read_manifest(args.run_dir)], indent=1))
+    entries = read_manifest(run_dir)
+    print(json.dumps([e.model_dump() for e in entries], indent=1))
     return 0
+
+
+def _run_directory(text: str) -> Path:
+    """``text`` as an existing directory; a missing path or a file is refused (reading
+    either as an empty run would answer a typo with ``[]``)."""
+    path = Path(text)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{text!r} does not exist; give an existing run directory, e.g. runs/Classifier "
+            "(the run_dir a training wrote to)."
+        )
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{text!r} is a file, not a directory; give a run directory, e.g. runs/Classifier."
+        )
+    return path
 
 
 def _info(args: argparse.Namespace) -> int:

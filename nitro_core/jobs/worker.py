@@ -41,6 +41,7 @@ from nitro_core.jobs.files import (
 )
 from nitro_core.jobs.manager import JobManager
 from nitro_core.jobs.status import update_status, update_status_if
+from nitro_core.store.claims import refuse_existing
 from nitro_core.store.manifest import now_iso, read_manifest
 
 if TYPE_CHECKING:
@@ -210,6 +211,42 @@ def _experiment(spec: JobSpec, record: Any = None) -> Any:
     return experiment_from_record(cls, record, spec.run_dir, **spec.overrides)
 
 
+def _average(spec: JobSpec, directory: Path, stop: _Stop) -> dict[str, Any]:
+    """An average job: the average, validated when asked (from a copy in the job's
+    directory, so nothing is averaged twice), then saved; the saved header carries the
+    average's own validation metrics (of the "val" split), or none."""
+    from nitro_core import Nitro  # lazy: torch
+    from nitro_core.averaging import average_checkpoints, write_averaged  # lazy: torch
+
+    saved = Path(spec.save) if spec.save else None
+    if saved is not None:
+        refuse_existing(saved, "save=")  # before any record is read
+    update_status(directory, phase="averaging")
+    averaged = average_checkpoints(spec.run_dir, spec.source)
+    result: dict[str, Any] = {
+        "averaged_from": averaged.averaged_from,
+        "saved": str(saved) if saved else None,
+    }
+    metrics = None
+    if spec.validate_average and not stop.is_requested():  # the average stands either way
+        update_status(directory, phase="validating")
+        scratch = directory / "average.safetensors"
+        scratch.unlink(missing_ok=True)  # left by a killed worker of this job
+        write_averaged(averaged, scratch)
+        try:
+            n = Nitro(
+                _experiment(spec, scratch), run_dir=spec.run_dir, weights=scratch,
+                device=spec.device,
+            )  # fmt: skip
+            result["metrics"] = n.evaluate(spec.split)
+        finally:
+            scratch.unlink(missing_ok=True)
+        metrics = result["metrics"] if spec.split == "val" else None  # the header's split
+    if saved is not None:
+        write_averaged(averaged, saved, metrics)
+    return result
+
+
 def _resumed(spec: JobSpec, entries: list[Any]) -> str | None:
     """The record a train job resumes (its config is the run's), or None for a new run."""
     if spec.resume in ("false", ":false") or spec.weights is not None:
@@ -225,7 +262,7 @@ def _run(
     """The job's work; returns (result, end state), or None when the ranks of a
     several-process job recorded its end. ``report=False``: another rank than 0 of such a
     job, which trains and writes nothing to the job's files."""
-    from nitro_core import Nitro, average_checkpoints  # lazy: torch
+    from nitro_core import Nitro  # lazy: torch
 
     if spec.kind == "train" and spec.nproc > 1 and not rank0 and report:
         stop.check()
@@ -237,23 +274,7 @@ def _run(
         warnings.filterwarnings("ignore", r"weights from .* were trained under another config")
     stop.check()
     if spec.kind == "average":
-        saved = Path(spec.save) if spec.save else None
-        update_status(directory, phase="averaging")
-        averaged = average_checkpoints(spec.run_dir, spec.source, save=saved)
-        result: dict[str, Any] = {
-            "averaged_from": averaged.averaged_from,
-            "saved": str(saved) if saved else None,
-        }
-        if spec.validate_average and not stop.is_requested():  # the average stands either way
-            update_status(directory, phase="validating")
-            n = Nitro(
-                _experiment(spec, saved if saved else spec.source),
-                run_dir=spec.run_dir,
-                weights=saved if saved else spec.source,
-                device=spec.device,
-            )
-            result["metrics"] = n.evaluate(spec.split)
-        return result, "succeeded"
+        return _average(spec, directory, stop), "succeeded"
     if spec.kind == "validate":
         exp = _experiment(spec, spec.weights)
         stop.check()

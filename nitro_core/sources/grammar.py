@@ -14,10 +14,18 @@ leading colon (``:latest``), and a text of more than ``MAX_LENGTH`` characters i
     option    = "state" "=" ("best" | "latest")
     range     = int ":" int
     vector    = "[" int { "," int } "]"
-    path      = any text ending in ".safetensors" (a file, relative to run_dir or absolute),
-                or in "/" (a record directory several processes wrote, e.g. "epoch-0003-step-36/")
-    run_id    = letters, digits, "_" and "-", not a keyword
-    quoted_string = '"' { any character but '"' } '"'  (or single quotes)
+    path      = any text without "=>" ending in ".safetensors" (a record file, relative to
+                run_dir or absolute) or in "/" (a record directory several processes wrote,
+                e.g. "epoch-0003-step-36/"), or a path word: text without "=>" made of
+                letters, digits and "_-.=/+@~%" that is no keyword (e.g.
+                "runs/reg/epoch-0003-step-36-loss=0.04"); whether a path word names a record
+                directory is decided when the source is resolved, on the file system
+    run_id    = letters, digits, "_" and "-", not starting with "-", not a keyword
+    quoted_string = '"' { any character but '"' } '"'  (or single quotes), not empty
+
+A pair holds "=>" and a path never does, so the two never overlap. Every source prints
+back (``str``) in a form that parses to the same structure: a run id that is a keyword or
+holds other characters prints quoted (``"my run" => best``).
 
 Every count is bounded by what a run can hold, so parsing any accepted text is linear in
 its length and its result is small: an epoch number (``Epochs``' values and range ends,
@@ -92,8 +100,24 @@ class RunRef:
     def __str__(self) -> str:
         if self.kind == "id":
             assert self.id is not None  # a run id always carries its text
-            return self.id
+            return _quote_run_id(self.id)
         return self.kind
+
+
+def _quote_run_id(run: str) -> str:
+    """A run id as a source writes it, so that it parses back to the same id: bare when it
+    is a plain run id (``a1b2c3d4``), else quoted (``"my run"``, ``"latest"``, ``'say "hi"'``).
+    The grammar has no escapes, so an id holding both quote characters cannot be written."""
+    if _BARE_ID.fullmatch(run) and run not in _KEYWORDS:
+        return run
+    if '"' not in run:
+        return f'"{run}"'
+    if "'" not in run:
+        return f"'{run}'"
+    raise ConfigError(
+        f"Run id {run!r} holds both quote characters, so no source can name it (a quoted run "
+        "id has no escapes); name its records by path, or 'latest => best' when it wrote last."
+    )
 
 
 Pick = Literal["best", "latest"] | Average
@@ -112,7 +136,8 @@ class Pair:
 
 @dataclass(frozen=True)
 class PathSource:
-    """A record file named by its path."""
+    """A record file, or a record directory (several processes wrote it), named by its path;
+    which of them it names, if any, is decided at resolution."""
 
     path: str
 
@@ -121,6 +146,8 @@ class PathSource:
 
 
 Source = Pair | PathSource
+_BARE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*")  # what the tokenizer reads as one name
+_PATH_WORD = re.compile(r"[\w\-.=/+@~%]+")  # a path without spaces, quotes or brackets
 
 
 # -- the tokenizer ------------------------------------------------------------------------------
@@ -183,13 +210,15 @@ class _Parser:
     def tok(self) -> _Tok:
         return self.tokens[self.i]
 
-    def fail(self, expected: str, tok: _Tok | None = None) -> SourceSyntaxError:
+    def fail(
+        self, expected: str, tok: _Tok | None = None, found: str | None = None, hint: str = ""
+    ) -> SourceSyntaxError:
         tok = tok or self.tok
         shown = tok.text if len(tok.text) <= 40 else tok.text[:37] + "..."
-        found = "the end of the text" if tok.kind == "end" else repr(shown)
+        found = found or ("the end of the text" if tok.kind == "end" else repr(shown))
         return SourceSyntaxError(
             f"Cannot parse {self.noun} {self.text!r}: at position {tok.pos} found {found}, expected "
-            f"{expected}. {self.hint}"
+            f"{expected}. {hint or self.hint}"
         )
 
     def take(self, kind: str, text: str | None = None, expected: str | None = None) -> _Tok:
@@ -218,6 +247,13 @@ class _Parser:
     def run(self) -> RunRef:
         tok = self.tok
         if tok.kind == "quoted":
+            if not tok.text:
+                raise self.fail(
+                    "a run: latest, all, a run id or a quoted run id",
+                    found="an empty quoted run id",
+                    hint="Write the run's id, e.g. 'a1b2c3d4 => best' (nitro runs lists them), or "
+                    "'latest => best' (the latest run's best).",
+                )
             self.i += 1
             return RunRef("id", tok.text)
         if tok.kind == "name" and tok.text in ("latest", "all"):
@@ -337,7 +373,7 @@ def parse_source(text: str) -> Source:
             "such as 'latest => best' or a path ending in .safetensors."
         )
     stripped = text.strip()
-    if stripped.endswith((PATH_SUFFIX, DIRECTORY_SUFFIX)) and "=>" not in stripped:
+    if "=>" not in stripped and stripped.endswith((PATH_SUFFIX, DIRECTORY_SUFFIX)):
         return PathSource(stripped)
     if stripped.lstrip(":") in ("best", "latest"):
         word = stripped.lstrip(":")
@@ -346,6 +382,8 @@ def parse_source(text: str) -> Source:
             f"'latest => {word}' (the latest run's {word})"
             + (" or 'all => best' (the best of every run)." if word == "best" else ".")
         )
+    if "=>" not in stripped and _PATH_WORD.fullmatch(stripped) and stripped not in _KEYWORDS:
+        return PathSource(stripped)  # a record directory, when resolution finds one there
     return _Parser(text).source()
 
 
@@ -416,8 +454,4 @@ def _run_text(run: object) -> str:
         raise ConfigError(
             f"A source's run must be a string, got {run!r}; write 'latest', 'all' or a run id."
         )
-    return (
-        run
-        if run.lstrip(":") in ("latest", "all") or re.fullmatch(r"[A-Za-z0-9_\-]+", run)
-        else repr(run)
-    )
+    return run if run.lstrip(":") in ("latest", "all") else _quote_run_id(run)

@@ -8,6 +8,7 @@ directory and the runs it holds.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from nitro_core.sources.grammar import Average, Pair, PathSource, Source, to_sou
 from nitro_core.store import manifest, shards
 from nitro_core.store.manifest import ManifestEntry, Point
 from nitro_core.store.recordio import TMP_SUFFIX
+
+_PARTIAL = re.compile(r"\.tmp$|\.stale\d*$")  # what an interrupted write leaves behind
 
 
 @dataclass(frozen=True)
@@ -117,19 +120,19 @@ def _refusal(
     avg = source.pick
     assert isinstance(avg, Average)
     head = f"Cannot average {str(source)!r} in {str(run_dir)!r}: "
-    kept = selection.describe_epochs([e.epoch for e in pool])
+    kept = " ".join(selection.describe_points(pool))  # 'epochs 2, 4' or 'points epoch 3 ...'
     if chosen.shortfall:
         return head + (
-            f"{chosen.shortfall} (run {pool[0].run} holds epochs {kept}). Average fewer points, "
+            f"{chosen.shortfall} (run {pool[0].run} holds {kept}). Average fewer points, "
             "or train the run further."
         )
     recorded = pool[-1].keep  # the run's own keep, as its latest entry recorded it
     under = f" under keep={recorded}" if recorded else ""
     base = recorded[1:-1] if recorded else "Best(3), Last(1)"  # '(Best(3), Last(1))' -> selectors
-    named = selection.describe_epochs([p.epoch for p in chosen.named])
-    gone = selection.describe_epochs([p.epoch for p in chosen.gone])
+    named = " ".join(selection.describe_points(chosen.named))
+    gone = selection.describe_points(chosen.gone)[1]
     return head + (
-        f"{avg.selector} names epochs {named} of run {pool[0].run}, which kept epochs {kept}"
+        f"{avg.selector} names {named} of run {pool[0].run}, which kept {kept}"
         f"{under}; it no longer holds {gone}. Keep them while training: "
         f"Checkpointer(keep=({base}, {selection.keep_for(avg.selector)}))."
     )
@@ -196,32 +199,44 @@ def ranking_pair(pool: list[ManifestEntry], pair: ScorePair | None) -> ScorePair
 
 
 def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry]) -> Resolved:
+    """A record file (``.safetensors``) or a record directory (a ``/`` at the end, or a path
+    word that names one here), relative to ``run_dir`` or absolute; refused naming what was
+    looked at when nothing is there."""
     given = Path(source.path)
     candidates = [given] if given.is_absolute() else [given, run_dir / given]
+    looked = " and ".join(repr(str(p)) for p in candidates)
+    if _PARTIAL.search(given.name):
+        raise ConfigError(
+            f"{source.path!r} is a partial file left by an interrupted write, never a checkpoint. "
+            "Name a committed record instead (read_manifest lists them), e.g. 'latest => latest'."
+        )
     directory = next((p for p in candidates if shards.is_sharded(p)), None)
-    if directory is not None and not given.name.endswith(TMP_SUFFIX):  # a sharded record
+    if directory is not None:  # a record directory (several processes wrote it)
         home = directory.resolve().parent
         listing = entries if home == run_dir.resolve() else manifest.read_manifest(home)
         entry = next((e for e in listing if e.file == directory.name), None)
+        if entry is None and not (directory / shards.HEADER_NAME).is_file():
+            raise CheckpointNotFound(_not_a_record(source, directory))
         return Resolved(source, directory, entry)
-    if source.path.endswith("/") and not given.name.endswith(TMP_SUFFIX):
-        looked = " and ".join(repr(str(p)) for p in candidates)
+    if source.path.endswith("/"):
         raise CheckpointNotFound(
             f"Record directory {source.path!r} not found (looked at {looked}; a sharded record "
             f"is a directory holding header.json); {str(run_dir)!r} holds "
             f"{manifest.describe_runs(entries)}. Write an existing record, or a pair such as "
             "'latest => best'."
         )
-    if given.name.endswith(TMP_SUFFIX) or not given.name.endswith(".safetensors"):
-        raise ConfigError(
-            f"{source.path!r} is a partial file left by an interrupted write, never a checkpoint. "
-            "Name a committed record instead (read_manifest lists them), e.g. 'latest => latest'."
+    if not given.name.endswith(".safetensors"):  # a path word that names no record
+        raise CheckpointNotFound(
+            f"Source {source.path!r} names no checkpoint: it is not a pair (a pair holds '=>', "
+            f"e.g. 'latest => best'), and no record is there (looked at {looked}: a record file "
+            f"ends in .safetensors, a record directory holds header.json); {str(run_dir)!r} "
+            f"holds {manifest.describe_runs(entries)}. Write a pair such as 'latest => best', or "
+            "the path of an existing record file or record directory."
         )
     for path in candidates:
         if path.is_file():
             break
     else:
-        looked = " and ".join(repr(str(p)) for p in candidates)
         raise CheckpointNotFound(
             f"Checkpoint file {source.path!r} not found (looked at {looked}); {str(run_dir)!r} "
             f"holds {manifest.describe_runs(entries)}. Write an existing path, or a pair such as "
@@ -233,6 +248,23 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
     listing = entries if home == run_dir.resolve() else manifest.read_manifest(home)
     entry = next((e for e in listing if e.file == path.name), None)
     return Resolved(source, path, entry)
+
+
+def _not_a_record(source: PathSource, directory: Path) -> str:
+    """A directory that is no record: none of its manifest's entries, and no header.json."""
+    head = (
+        f"Source {source.path!r} is the directory {str(directory)!r}, not a record: it holds no "
+        "header.json (a record directory several processes wrote holds header.json and its "
+        "shards) and no manifest lists it."
+    )
+    if (directory / "manifest.json").is_file():
+        return head + (
+            f" It is a run directory: name one of its checkpoints, e.g. 'latest => best' with "
+            f"run_dir={str(directory)!r}."
+        )
+    return head + (
+        " Write the path of a record file or record directory, or a pair such as 'latest => best'."
+    )
 
 
 def partial_files(run_dir: Path) -> list[Path]:

@@ -176,8 +176,14 @@ def check_keep_holds(ckpt: Checkpointer | None, avg: Average, max_epochs: int) -
     at the end of a ``max_epochs`` run, everything the selector will name."""
     keep = ckpt.keep if ckpt is not None else ()
     mid_epoch = ckpt is not None and ckpt.every_steps is not None
+    current = ", ".join(map(str, keep))
+    short, fix = reach_shortfall(avg.selector, max_epochs, mid_epoch)
+    if short:
+        raise ConfigError(
+            f"restore_best={avg} can never be restored under keep=({current}): {short}, so "
+            f"the run would end keeping its final weights. {fix}."
+        )
     if not keep_holds(keep, avg.selector, max_epochs, mid_epoch):
-        current = ", ".join(map(str, keep))
         raise ConfigError(
             f"restore_best={avg} needs records that keep=({current}) does not hold at the end of "
             f"training (max_epochs={max_epochs}). Keep them: "
@@ -185,7 +191,61 @@ def check_keep_holds(ckpt: Checkpointer | None, avg: Average, max_epochs: int) -
         )
 
 
-def _epochs(epochs: Sequence[int], limit: int = 8) -> str:
+def reach_shortfall(sel: Selector, max_epochs: int, mid_epoch: bool = False) -> tuple[str, str]:
+    """('', '') when a run of ``max_epochs`` epochs can pass every point ``sel`` needs;
+    otherwise why it cannot and what to write instead. Without ``every_steps`` a run passes
+    one point per epoch end; with it, more, so only epoch-end selectors are bounded then."""
+    if isinstance(sel, Every) and sel.n > max_epochs:
+        return (
+            f"{sel} names every {sel.n}th epoch end and a run of max_epochs={max_epochs} reaches "
+            "none",
+            f"Write restore_best=Average(Every({max_epochs})) or train for {sel.n} epochs (max_epochs={sel.n})",
+        )
+    if isinstance(sel, Epochs):
+        beyond = [e for e in sel.epochs if e > max_epochs]
+        if beyond:
+            last = beyond[-1]
+            return (
+                f"{sel} names epochs past max_epochs={max_epochs} ({_epochs(beyond)})",
+                f"Name epochs up to {max_epochs} in Epochs(...), or train for {last} epochs (max_epochs={last})",
+            )
+        return "", ""
+    if isinstance(sel, Best) and sel.among is not None:
+        short, fix = reach_shortfall(sel.among, max_epochs, mid_epoch)
+        if short:
+            return short, fix
+    most = _most_points(sel, max_epochs, mid_epoch)
+    if isinstance(sel, Last | Best) and most is not None and sel.k > most:
+        what = "points" if isinstance(sel, Last) else "scored points"
+        among = "" if not isinstance(sel, Best) or sel.among is None else f" among {sel.among}"
+        fewer = f"Average({type(sel).__name__}({most}{_among(sel)}))"
+        longer = f" or train for {sel.k} epochs (max_epochs={sel.k})" if most == max_epochs else ""
+        return (
+            f"{sel} needs {sel.k} {what}{among} and a run of max_epochs={max_epochs} passes at "
+            f"most {most} (one per epoch end)",
+            f"Write restore_best={fewer}{longer}" if most > 0 else f"Train for {sel.k} epochs",
+        )
+    return "", ""
+
+
+def _most_points(sel: Selector, max_epochs: int, mid_epoch: bool) -> int | None:
+    """The most points ``sel`` can name in a run of ``max_epochs`` epochs (None: no bound)."""
+    if isinstance(sel, Last):
+        return sel.k if mid_epoch else min(sel.k, max_epochs)
+    if isinstance(sel, Every):
+        return max_epochs // sel.n
+    if isinstance(sel, Epochs):
+        return len([e for e in sel.epochs if e <= max_epochs])
+    if sel.among is not None:  # a Best: at most what its among names
+        return _most_points(sel.among, max_epochs, mid_epoch)
+    return None if mid_epoch else max_epochs
+
+
+def _among(sel: Selector) -> str:
+    return f"; among={sel.among}" if isinstance(sel, Best) and sel.among is not None else ""
+
+
+def _epochs(epochs: Sequence[object], limit: int = 8) -> str:
     shown = ", ".join(map(str, epochs[:limit]))
     return shown + (f" and {len(epochs) - limit} more" if len(epochs) > limit else "")
 
@@ -193,3 +253,17 @@ def _epochs(epochs: Sequence[int], limit: int = 8) -> str:
 def describe_epochs(epochs: Sequence[int]) -> str:
     """'2, 4, 6' (bounded) for messages."""
     return _epochs(list(epochs)) or "none"
+
+
+def describe_points(points: Sequence[Point | ManifestEntry]) -> tuple[str, str]:
+    """(noun, list) naming points or entries for messages: ``('epochs', '2, 4, 6')`` when
+    all are epoch ends, else each by its place, since several share an epoch: ``('points',
+    'epoch 3 batch 2 (step 18), epoch 3 end (step 24)')`` (bounded)."""
+    if all(p.batch is None for p in points):
+        return "epochs", describe_epochs([p.epoch for p in points])
+    places = [
+        f"epoch {p.epoch} " + (f"batch {p.batch}" if p.batch is not None else "end")
+        + f" (step {p.step})"
+        for p in points
+    ]  # fmt: skip
+    return "points", _epochs(places)

@@ -174,8 +174,19 @@ def warn_about_directory(
         )
 
 
-def check_metrics(name: str, metrics: dict[str, float], ranking: Ranking, epoch: int) -> None:
-    """Refuse a watched metric that validation did not return, or a non-finite one."""
+def check_metrics(
+    name: str,
+    metrics: dict[str, float],
+    ranking: Ranking,
+    epoch: int,
+    batch: int | None = None,
+    step: int | None = None,
+) -> None:
+    """Refuse a watched metric that validation did not return, or a non-finite one; a
+    mid-epoch point (``batch`` set) is named by its epoch, batch and step."""
+    point = f"epoch {epoch}" if batch is None else f"epoch {epoch} batch {batch} (step {step})"
+    end = f"the end of epoch {epoch}" if batch is None else f"the point at {point}"
+    unwritten = f"epoch {epoch}" if batch is None else f"the point at {point}"
     for metric in sorted(ranking.watched):
         if metric not in metrics:
             available = ", ".join(sorted(metrics)) or "(nothing)"
@@ -185,15 +196,15 @@ def check_metrics(name: str, metrics: dict[str, float], ranking: Ranking, epoch:
                     hint = f" Names carry no split: write {metric[len(split) :]!r}."
             raise MonitorError(
                 f"Monitored metric {metric!r} is not a key finalize_metrics returned for 'val' "
-                f"at the end of epoch {epoch}; it returned: {available}.{hint} Return {metric!r} "
+                f"at {end}; it returned: {available}.{hint} Return {metric!r} "
                 f"from {name}.metrics()/finalize_metrics(), or declare monitor() (or "
                 "Checkpointer(metric=, mode=)) with one of the returned keys."
             )
         value = metrics[metric]
         if not isinstance(value, int | float) or not math.isfinite(value):
             raise MonitorError(
-                f"Monitored metric {metric!r} is {value!r} at epoch {epoch} (split 'val'); a "
-                f"non-finite score cannot be ranked, so epoch {epoch} was not written and the "
+                f"Monitored metric {metric!r} is {value!r} on split 'val' at {point}; a "
+                f"non-finite score cannot be ranked, so {unwritten} was not written and the "
                 "records already on disk are untouched. Lower the learning rate or check the "
                 "data, then continue from the last good record with resume='auto'."
             )

@@ -27,6 +27,7 @@ from nitro_core import (
     export_weights,
     read_manifest,
 )
+from nitro_core.averaging import write_averaged
 from nitro_core.examples import Classifier, Regression
 
 
@@ -237,6 +238,19 @@ def test_saved_average_is_an_ordinary_record_outside_the_manifest(run):
     assert out.exists()
 
 
+def test_a_saved_average_carries_no_metrics_but_its_own(run):
+    # the header comes from the record that supplies the layer state: its metrics are that
+    # record's, not the average's, and must not be carried over
+    n, d = run
+    latest = checkpoint_info(d / read_manifest(d)[-1].file)["metrics"]
+    assert latest  # the state record was validated
+    average_checkpoints(d, "latest => Average(Last(3))", save=d / "plain.safetensors")
+    assert checkpoint_info(d / "plain.safetensors")["metrics"] == {}
+    result = average_checkpoints(d, "latest => Average(Last(3))")
+    write_averaged(result, d / "validated.safetensors", {"acc": 0.7633})
+    assert checkpoint_info(d / "validated.safetensors")["metrics"] == {"acc": 0.7633}
+
+
 def test_restore_best_average_ends_holding_the_runs_own_average(tmp_path):
     n = Nitro(KeepMany(max_epochs=5), run_dir=tmp_path, restore_best=Average(Last(3))).train()
     expected = average_checkpoints(tmp_path, f"{n.run_id} => Average(Last(3))")
@@ -245,16 +259,16 @@ def test_restore_best_average_ends_holding_the_runs_own_average(tmp_path):
     for k in n.ema.shadow:
         assert torch.equal(n.ema.shadow[k], expected.ema[k]), k
     assert n.averaged_from["epochs"] == [3, 4, 5]
-    with pytest.raises(TrainingRefused, match=r"holding run .*'s its average Average\(Last\(3\)\)"):
+    with pytest.raises(TrainingRefused, match=r"holding run .*'s average Average\(Last\(3\)\)"):
         n.train()
 
 
 def test_restore_best_average_refuses_a_keep_that_cannot_hold_it(tmp_path):
     with pytest.raises(ConfigError) as exc:
-        Nitro(KeepMany(), run_dir=tmp_path, restore_best="Average(Last(10))")
+        Nitro(KeepMany(max_epochs=12), run_dir=tmp_path, restore_best="Average(Last(10))")
     assert str(exc.value) == (
         "restore_best=Average(Last(10)) needs records that keep=(Best(3), Last(5)) does not hold at "
-        "the end of training (max_epochs=6). Keep them: "
+        "the end of training (max_epochs=12). Keep them: "
         "Checkpointer(keep=(Best(3), Last(5), Last(10)))."
     )
 

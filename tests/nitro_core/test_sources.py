@@ -60,6 +60,19 @@ ACCEPTED = [
         PathSource("runs/reg/epoch-0002-step-24.safetensors"),
     ),
     ("/abs/avg10.safetensors", PathSource("/abs/avg10.safetensors")),
+    # a path word (no '=>'): a record directory when resolution finds one there
+    (
+        "runs/x/epoch-0003-step-15-loss=0.08",
+        PathSource("runs/x/epoch-0003-step-15-loss=0.08"),
+    ),
+    (
+        " epoch-0003-batch-0250-step-4500-loss=0.0416831 ",
+        PathSource("epoch-0003-batch-0250-step-4500-loss=0.0416831"),
+    ),
+    ("runs/x/epoch-0003-step-15-loss=0.08/", PathSource("runs/x/epoch-0003-step-15-loss=0.08/")),
+    ("/abs/run/epoch-0001-step-3", PathSource("/abs/run/epoch-0001-step-3")),
+    ('"a=>b" => best', Pair(RunRef("id", "a=>b"), "best")),
+    ("latest=best", PathSource("latest=best")),  # no '=>': resolution says it names nothing
 ]
 
 
@@ -190,6 +203,20 @@ REJECTED = [
     ("latest\x00 => best", _syntax(6, "'\\x00'", "'=>'", "latest\x00 => best")),
     ("latest => Average(Last(1.5))", _syntax(24, "'.'", "')'", "latest => Average(Last(1.5))")),
     ("", _syntax(0, "the end of the text", "a run: latest, all, a run id or a quoted run id", "")),
+    ("all", _syntax(3, "the end of the text", "'=>'", "all")),
+    ("runs/my run/epoch-3", _syntax(4, "'/'", "'=>'", "runs/my run/epoch-3")),
+    (
+        '"" => best',
+        "Cannot parse source '\"\" => best': at position 0 found an empty quoted run id, "
+        "expected a run: latest, all, a run id or a quoted run id. Write the run's id, e.g. "
+        "'a1b2c3d4 => best' (nitro runs lists them), or 'latest => best' (the latest run's best).",
+    ),
+    (
+        "  '' => Average(Last(2))",
+        "Cannot parse source \"  '' => Average(Last(2))\": at position 2 found an empty quoted run "
+        "id, expected a run: latest, all, a run id or a quoted run id. Write the run's id, e.g. "
+        "'a1b2c3d4 => best' (nitro runs lists them), or 'latest => best' (the latest run's best).",
+    ),
 ]
 
 
@@ -273,3 +300,63 @@ def test_sources_print_back_in_the_grammar():
         "latest => Average(Epochs([4, 2]))",
     ):
         assert str(parse_source(text)) == text
+
+
+ROUND_TRIP = [  # source -> its canonical text, which parses back to the same structure
+    ('"my run" => best', '"my run" => best'),
+    ("'my run' => best", '"my run" => best'),
+    ("""'say "hi"' => latest""", """'say "hi"' => latest"""),
+    (""""it's" => best""", """"it's" => best"""),
+    ('"back\\slash" => best', '"back\\slash" => best'),
+    ('"ends in \\" => latest', '"ends in \\" => latest'),
+    ('"  padded  " => best', '"  padded  " => best'),
+    ('"tab\there" => best', '"tab\there" => best'),
+    ('"latest" => best', '"latest" => best'),  # a run whose id is a keyword
+    ('"all" => latest', '"all" => latest'),
+    ('"Average" => Average(Last(3))', '"Average" => Average(Last(3))'),
+    ('":abc" => best', '":abc" => best'),  # bare, the colon would be read as a symbol's
+    ('"-x" => best', '"-x" => best'),
+    ('"a=>b" => best', '"a=>b" => best'),
+    ('"a1b2c3d4" => latest', "a1b2c3d4 => latest"),
+    ("007 => best", "007 => best"),
+    (":latest => :best", "latest => best"),
+    ('"my run" => Average(Last(2), state=latest)', '"my run" => Average(Last(2), state=latest)'),
+    ("latest => Average(Best(5, among=Last(20)))", "latest => Average(Best(5; among=Last(20)))"),
+    ("latest=>Average(Epochs( 3 : 7 ),state=:best)", "latest => Average(Epochs(3:7), state=best)"),
+    ("a1 => Average(Epochs([4,2]))", "a1 => Average(Epochs([4, 2]))"),
+    ("latest => Average(Every(2))", "latest => Average(Every(2))"),
+    ("runs/x/epoch-0003-step-15-loss=0.08", "runs/x/epoch-0003-step-15-loss=0.08"),
+    ("runs/x/epoch-0003-step-15-loss=0.08/", "runs/x/epoch-0003-step-15-loss=0.08/"),
+    (" /abs/avg 10.safetensors ", "/abs/avg 10.safetensors"),
+]
+
+
+@pytest.mark.parametrize(("text", "canonical"), ROUND_TRIP)
+def test_a_sources_canonical_text_parses_back_to_the_same_structure(text, canonical):
+    parsed = parse_source(text)
+    assert str(parsed) == canonical
+    assert parse_source(canonical) == parsed
+
+
+RUN_ID = st.text(st.sampled_from(list("ab1_- :'\"\\=>()latestvgAl\t")), min_size=1, max_size=12)
+PICK = st.sampled_from(
+    ["best", "latest", Average(Last(3)), Average(Best(2, among=Last(4)), state="latest")]
+)
+
+
+@settings(max_examples=300, deadline=200)
+@given(RUN_ID.filter(lambda r: not ("'" in r and '"' in r)), PICK)
+def test_any_run_id_prints_in_a_form_that_parses_back_to_it(run, pick):
+    source = Pair(RunRef("id", run), pick)
+    assert parse_source(str(source)) == source
+    if run.lstrip(":") not in ("latest", "all"):  # in a tuple these are the keywords
+        assert to_source((run, pick)) == source
+
+
+def test_a_run_id_holding_both_quotes_cannot_be_written_and_says_what_to_do():
+    with pytest.raises(ConfigError) as exc:
+        to_source(("""it's "x\"""", "best"))
+    assert str(exc.value) == (
+        """Run id 'it\\'s "x"' holds both quote characters, so no source can name it (a quoted """
+        "run id has no escapes); name its records by path, or 'latest => best' when it wrote last."
+    )

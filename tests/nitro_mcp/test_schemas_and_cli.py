@@ -54,8 +54,10 @@ def test_cli_train_runs_info_manifest_and_average(tmp_path, capsys):
         )
         == 0
     )
-    out = capsys.readouterr().out
-    assert '"epoch": 2' in out and "completed at epoch 2" in out
+    out, err = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]  # stdout: JSON lines only
+    assert [r["epoch"] for r in rows] == [1, 2]
+    assert err.endswith(f"in {run}: completed at epoch 2\n")  # the prose goes to stderr
     assert main(["runs", run]) == 0
     assert "[completed]" in capsys.readouterr().out
     entries = read_manifest(run)
@@ -77,3 +79,17 @@ def test_cli_train_runs_info_manifest_and_average(tmp_path, capsys):
 def test_cli_reports_errors_on_stderr_with_status_1(tmp_path, capsys):
     assert main(["train", "Nope", "--run-dir", str(tmp_path)]) == 1
     assert capsys.readouterr().err.startswith("nitro train: Unknown experiment 'Nope'")
+
+
+def test_cli_refuses_a_run_directory_that_does_not_exist_or_is_a_file(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    for command in (["manifest"], ["runs"], ["average"]):
+        for given, why in (
+            (str(tmp_path / "nope"), "does not exist; give an existing run directory, e.g. "
+             "runs/Classifier (the run_dir a training wrote to)."),
+            (str(tmp_path / "file"), "is a file, not a directory; give a run directory, e.g. "
+             "runs/Classifier."),
+        ):  # fmt: skip
+            assert main([*command, given]) == 1, command
+            out, err = capsys.readouterr()
+            assert out == "" and err == f"nitro {command[0]}: {given!r} {why}\n"
