@@ -3,15 +3,18 @@
 ``manifest.json`` lists one :class:`ManifestEntry` per kept record, in commit order; the
 changes committed since it was last rewritten sit in ``manifest.journal`` beside it
 (:mod:`nitro_core.store.journal`), and :func:`load` applies them, so a checkpoint's manifest
-change costs one appended line, not a rewrite of every entry. A record counts only once the
-manifest lists it; lookups, selection, resume and retention read these entries and never
-open a record.
+change costs one appended line, not a rewrite of every entry. While a journal continues it,
+``manifest.json`` names it (``journal_id``, also in the journal's header): a journal that is
+missing, empty, another's or corrupt is refused (:class:`CheckpointCorrupt`), never read
+around, and nothing is written beside it. A record counts only once the manifest lists it;
+lookups, selection, resume and retention read these entries and never open a record.
 
 A process keeps the last manifest it read or wrote per directory, checked against both
 files' identity (device, inode, size, modification time) before each use: a checkpoint
-reads the manifest once, not once per step of its commit. A file modified within the
-file system's timestamp granularity of being read is checked by content instead (git's
-"racy" index rule).
+reads the manifest once, not once per step of its commit. A ``manifest.json`` modified
+within the file system's timestamp granularity of being read is checked by content instead
+(git's "racy" index rule); the journal, only ever appended to or replaced, is read on from
+where it ended once its last bytes are still there, and in full otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,6 +61,7 @@ def _finite(v: float | None) -> float | None:
 Score = Annotated[float | None, AfterValidator(_finite)]  # refused when read, as the spec says
 
 
+_JOURNAL_ID = journal.ID_PATTERN  # (a field of Manifest is named journal)
 _NOT_RECORDS = (".tmp", ".stale", ".json", ".lock", ".jsonl", ".pt", ".bin")
 
 
@@ -159,6 +164,12 @@ class Manifest(BaseModel):
     journal: int = Field(
         default=0, ge=0, description="The last manifest.journal change this document holds."
     )
+    journal_id: str | None = Field(
+        default=None,
+        pattern=_JOURNAL_ID,
+        description="The identity of the manifest.journal that continues this document (its "
+        "header names it too); absent when the document is complete on its own.",
+    )
     entries: list[ManifestEntry] = Field(default_factory=list)
     points: dict[str, list[Point]] = Field(
         default_factory=dict,
@@ -187,6 +198,7 @@ class Manifest(BaseModel):
         return Manifest.model_construct(
             format=self.format,
             journal=self.journal,
+            journal_id=self.journal_id,
             entries=list(self.entries),
             points={run: list(points) for run, points in self.points.items()},
         )
@@ -194,6 +206,8 @@ class Manifest(BaseModel):
     def to_json(self) -> bytes:
         """The document ``manifest.json`` holds (an entry's absent digest is left out)."""
         data = self.model_dump(mode="json")
+        if data["journal_id"] is None:
+            del data["journal_id"]
         for entry in data["entries"]:
             for key in ("digest", "sha256"):
                 if entry[key] is None:
@@ -226,9 +240,9 @@ class _Seen:
     base_hash: str = ""  # xxh3-128 of its bytes, for a racy check
     base: Manifest = field(default_factory=Manifest)  # manifest.json alone
     base_size: int = 0
-    journal_key: tuple[int, int] | None = None  # the journal's (dev, ino)
+    journal_key: tuple[int, ...] | None = None  # the journal's (dev, ino, size, mtime_ns)
     journal: journal.Journal = field(default_factory=journal.Journal)
-    journal_tail: bytes = b""  # the last bytes of its committed part, for a racy check
+    journal_tail: bytes = b""  # the last bytes of its committed part: still there once grown
     state: Manifest = field(default_factory=Manifest)  # base + the journal's later changes
     checked_ns: int = 0
 
@@ -245,17 +259,19 @@ def load(run_dir: Path) -> Manifest:
 
 
 def _current(run_dir: Path) -> _Seen:
+    """This process's view of ``run_dir``'s manifest, brought up to date: the journal read
+    first, ``manifest.json`` second (see :mod:`~nitro_core.store.journal`), the pair checked.
+    Anything raised drops the cached view, so the next call reads both files again."""
     key = str(run_dir)
     seen = _SEEN.pop(key, None) or _Seen()
-    _SEEN[key] = seen  # most recent last
-    while len(_SEEN) > _KEEP:
-        del _SEEN[next(iter(_SEEN))]
     now = time.time_ns()
-    journal_changed = _refresh_journal(run_dir, seen, now)  # the journal first: see journal.py
-    base_changed = _refresh_base(run_dir, seen, now)
-    if base_changed or journal_changed:
+    changed = _refresh_journal(run_dir, seen)
+    changed = _refresh_base(run_dir, seen) or changed
+    changed = _paired(run_dir, seen) or changed
+    if changed:
         state = seen.base.copy_out()
-        for change in seen.journal.changes:
+        continues = seen.journal.id is None or seen.journal.id == seen.base.journal_id
+        for change in seen.journal.changes if continues else ():
             if change["seq"] > state.journal:
                 try:
                     state.apply(change)
@@ -266,14 +282,40 @@ def _current(run_dir: Path) -> _Seen:
                     ) from None
         seen.state = state
     seen.checked_ns = now
+    _SEEN[key] = seen  # most recent last
+    while len(_SEEN) > _KEEP:
+        del _SEEN[next(iter(_SEEN))]
     return seen
+
+
+_ROUNDS = 1000  # re-reads of a pair that a writer keeps changing, before it is refused
+
+
+def _paired(run_dir: Path, seen: _Seen) -> bool:
+    """Check that the journal read continues the ``manifest.json`` read; returns whether a
+    re-read changed either. A pair that does not match is read again while a writer is seen
+    moving between the two reads (every state a writer leaves matches: journal.py), and
+    refused once a re-read finds both files as they were."""
+    changed = False
+    for _ in range(_ROUNDS):
+        problem = journal.mismatch(
+            run_dir, seen.journal, seen.journal_key is not None, seen.base.journal,
+            seen.base.journal_id,
+        )  # fmt: skip
+        if problem is None:
+            return changed
+        moved = _refresh_journal(run_dir, seen)
+        if not (_refresh_base(run_dir, seen) or moved):
+            break
+        changed = True
+    raise CheckpointCorrupt(problem)
 
 
 def _racy(st: os.stat_result, seen: _Seen) -> bool:
     return st.st_mtime_ns + _RACY_NS >= seen.checked_ns
 
 
-def _refresh_base(run_dir: Path, seen: _Seen, now: int) -> bool:
+def _refresh_base(run_dir: Path, seen: _Seen) -> bool:
     """Re-read ``manifest.json`` when it changed; returns whether it did."""
     path = run_dir / store.MANIFEST_NAME
     try:
@@ -284,7 +326,7 @@ def _refresh_base(run_dir: Path, seen: _Seen, now: int) -> bool:
         return changed
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = _key(st)
         if key == seen.base_key and not _racy(st, seen):
             return False
         data = f.read()
@@ -296,8 +338,9 @@ def _refresh_base(run_dir: Path, seen: _Seen, now: int) -> bool:
     return True
 
 
-def _refresh_journal(run_dir: Path, seen: _Seen, now: int) -> bool:
-    """Read the journal's new lines; returns whether it changed."""
+def _refresh_journal(run_dir: Path, seen: _Seen) -> bool:
+    """Read the journal's new lines (all of it when it was replaced or changed in place);
+    returns whether what it holds changed."""
     path = run_dir / journal.NAME
     try:
         fd = open_nofollow(path, os.O_RDONLY)
@@ -307,28 +350,35 @@ def _refresh_journal(run_dir: Path, seen: _Seen, now: int) -> bool:
         return changed
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
-        end, tail = seen.journal.end, seen.journal_tail
-        same = seen.journal_key == (st.st_dev, st.st_ino) and st.st_size >= end
-        if same and tail:  # lines are only ever appended; a hand edit shows in the last one
-            same = os.pread(f.fileno(), len(tail), end - len(tail)) == tail
-        if same and st.st_size == end:
+        key = _key(st)
+        if key == seen.journal_key:  # (no racy rule: only a hand edit rewrites it in place)
             return False
-        if same:
-            parsed = journal.parse(
-                os.pread(f.fileno(), st.st_size - end, end), path, _copied(seen.journal), end
-            )
+        old, tail = seen.journal, seen.journal_tail
+        # lines are only ever appended to a journal; a hand edit shows in the last one
+        grown = seen.journal_key is not None and seen.journal_key[:2] == key[:2]
+        grown = grown and st.st_size > old.end and old.end > 0
+        if grown and tail:
+            grown = os.pread(f.fileno(), len(tail), old.end - len(tail)) == tail
+        if grown:
+            data = os.pread(f.fileno(), st.st_size - old.end, old.end)
+            parsed = journal.parse(data, path, _copied(old), old.end)
         else:
             parsed = journal.parse(f.read(), path)
         seen.journal_tail = os.pread(
             f.fileno(), min(64, parsed.end), parsed.end - min(64, parsed.end)
         )
-    changed = not same or parsed.end != end
-    seen.journal_key, seen.journal = (st.st_dev, st.st_ino), parsed
-    return changed
+    seen.journal_key, seen.journal = key, parsed
+    return (parsed.after, parsed.id, parsed.end, parsed.changes) != (
+        old.after, old.id, old.end, old.changes,
+    )  # fmt: skip
+
+
+def _key(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _copied(j: journal.Journal) -> journal.Journal:
-    return journal.Journal(after=j.after, changes=list(j.changes), end=j.end)
+    return journal.Journal(after=j.after, id=j.id, changes=list(j.changes), end=j.end)
 
 
 def _parse(path: Path, data: bytes) -> Manifest:
@@ -342,26 +392,59 @@ def _parse(path: Path, data: bytes) -> Manifest:
         ) from None
 
 
-def save(run_dir: Path, manifest: Manifest) -> None:
-    """Rewrite ``manifest.json`` with ``manifest`` (a compaction: the journal is emptied);
-    the caller holds ``store.manifest_lock(run_dir)`` and loaded ``manifest`` under it."""
-    run_dir = Path(run_dir)
+@contextmanager
+def _writing(run_dir: Path) -> Iterator[_Seen]:
+    """This process's view of ``run_dir``, for a write that updates it as it goes; a write
+    that fails drops the view (the files are read again next time)."""
     seen = _current(run_dir)
-    # the new document holds every change so far, so none is applied twice
-    state = manifest.copy_out()
-    state.journal = max(manifest.journal, seen.journal.last)
+    try:
+        yield seen
+    except BaseException:
+        _SEEN.pop(str(run_dir), None)
+        raise
+
+
+def save(run_dir: Path, manifest: Manifest, journal_id: str | None = None) -> None:
+    """Rewrite ``manifest.json`` with ``manifest`` (a compaction); the caller holds
+    ``store.manifest_lock(run_dir)`` and loaded ``manifest`` under it. With ``journal_id``
+    the journal of that identity continues it, emptied (started first when new); without,
+    ``manifest.json`` is complete on its own and the journal is removed after it."""
+    run_dir = Path(run_dir)
+    with _writing(run_dir) as seen:
+        # the new document holds every change so far, so none is applied twice
+        state = manifest.copy_out()
+        state.journal = max(manifest.journal, seen.journal.last, seen.base.journal)
+        state.journal_id = journal_id
+        if journal_id is None:  # complete: the journal is removed once manifest.json holds it
+            _write_base(run_dir, seen, state)
+            if seen.journal_key is not None:
+                journal.remove(run_dir)
+                seen.journal_key, seen.journal, seen.journal_tail = None, journal.Journal(), b""
+        elif journal_id != seen.base.journal_id:  # a new journal first: empty until named
+            if seen.journal.id is None and seen.journal.past(seen.base.journal):
+                save(run_dir, state)  # a journal written before identities: folded in first
+            _started(run_dir, seen, journal.reset(run_dir, state.journal, journal_id), state)
+            _write_base(run_dir, seen, state)
+        else:  # a compaction: manifest.json first, then the journal emptied after it
+            _write_base(run_dir, seen, state)
+            _started(run_dir, seen, journal.reset(run_dir, state.journal, journal_id), state)
+
+
+def _write_base(run_dir: Path, seen: _Seen, state: Manifest) -> None:
     body = state.to_json()
     store.save_manifest_bytes(run_dir, body)
     st = os.stat(run_dir / store.MANIFEST_NAME, follow_symlinks=False)
-    seen.base_key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    seen.base_key = _key(st)
     seen.base_hash, seen.base_size = xxhash.xxh3_128_hexdigest(body), len(body)
     seen.base, seen.state = state, state.copy_out()
-    if seen.journal_key is not None:
-        first = journal.reset(run_dir, state.journal)
-        st = os.stat(run_dir / journal.NAME, follow_symlinks=False)
-        seen.journal_key = (st.st_dev, st.st_ino)
-        seen.journal = journal.Journal(after=state.journal, end=len(first))
-        seen.journal_tail = first[-64:]
+
+
+def _started(run_dir: Path, seen: _Seen, first: bytes, state: Manifest) -> None:
+    """Hold the journal just replaced by its header ``first`` (after ``state.journal``)."""
+    st = os.stat(run_dir / journal.NAME, follow_symlinks=False)
+    seen.journal_key = _key(st)
+    seen.journal = journal.Journal(after=state.journal, id=state.journal_id, end=len(first))
+    seen.journal_tail = first[-64:]
 
 
 def commit(
@@ -372,44 +455,48 @@ def commit(
 ) -> Manifest:
     """Commit one change: ``add`` entries, ``drop`` the entries of these files, record
     ``points``; returns the manifest it makes. The caller holds ``store.manifest_lock``.
-    A small manifest is rewritten; a large one gets a journal line, and is rewritten once
-    the journal has grown to a quarter of it (the cost per change stays flat)."""
+    A small manifest is rewritten; a large one gets a journal line (its first change starts
+    the journal), and is rewritten once the journal has grown to a quarter of it (the cost
+    per change stays flat)."""
     run_dir = Path(run_dir)
-    seen = _current(run_dir)
-    change = {
-        "add": [e.model_dump(mode="json") for e in add],
-        "drop": sorted(set(drop)),
-        "points": [[run, p.model_dump(mode="json")] for run, p in points],
-    }
-    state = seen.state.copy_out()
-    state.apply({"seq": seen.journal.last + 1, **change})
-    if seen.base_size + seen.journal.end < SMALL or seen.journal.end > seen.base_size // 4:
-        save(run_dir, state)
+    with _writing(run_dir) as seen:
+        change = {
+            "add": [e.model_dump(mode="json") for e in add],
+            "drop": sorted(set(drop)),
+            "points": [[run, p.model_dump(mode="json")] for run, p in points],
+        }
+        seq = max(seen.journal.last, seen.base.journal) + 1
+        state = seen.state.copy_out()
+        state.apply({"seq": seq, **change})
+        if seen.base_size + seen.journal.end < SMALL or seen.journal.end > seen.base_size // 4:
+            # small: complete on its own; large: folded in, the journal emptied
+            save(run_dir, state, seen.base.journal_id if seen.base_size >= SMALL else None)
+            return state
+        ident = seen.base.journal_id
+        if ident is None:  # a large manifest's first change starts a journal
+            save(run_dir, state, journal.new_id())
+            return state
+        if seen.journal.last < seen.base.journal:  # left by a compaction killed before its end
+            first = journal.reset(run_dir, seen.base.journal, ident)
+            _started(run_dir, seen, first, seen.base)
+        written = journal.append(run_dir, seen.journal, change)
+        st = os.stat(run_dir / journal.NAME, follow_symlinks=False)
+        seen.journal_key = _key(st)
+        seen.journal_tail = (seen.journal_tail + written)[-64:]
+        seen.state = state.copy_out()
         return state
-    if seen.journal.last < seen.base.journal:  # left by a compaction killed before its end
-        first = journal.reset(run_dir, seen.base.journal)
-        seen.journal = journal.Journal(after=seen.base.journal, end=len(first))
-        seen.journal_tail = first[-64:]
-    elif seen.journal_key is None or seen.journal.end == 0:  # a new journal after the document
-        seen.journal = journal.Journal(after=seen.base.journal)
-    written = journal.append(run_dir, seen.journal, change)
-    st = os.stat(run_dir / journal.NAME, follow_symlinks=False)
-    seen.journal_key = (st.st_dev, st.st_ino)
-    seen.journal_tail = (seen.journal_tail + written)[-64:]
-    seen.state = state.copy_out()
-    return state
 
 
 def compact(run_dir: Path) -> None:
-    """Fold the journal into ``manifest.json`` when it holds changes, taking the manifest
-    lock (the end of a run: ``manifest.json`` alone is then complete for tools that read only
-    it). Nothing happens, and no file is created, where there is no journal."""
+    """Fold the journal into ``manifest.json`` and remove it, taking the manifest lock (the
+    end of a run: ``manifest.json`` alone is then complete, for tools that read only it).
+    Nothing happens, and no file is created, where there is no journal."""
     run_dir = Path(run_dir)
     if not os.path.lexists(run_dir / journal.NAME):
         return
     with store.manifest_lock(run_dir):
         seen = _current(run_dir)
-        if seen.journal.changes:
+        if seen.journal_key is not None:
             save(run_dir, seen.state)
 
 
