@@ -198,8 +198,8 @@ def load_module(module: str, root: Path) -> ModuleLoad:
             loaded = _import(module, root)
     except _NotFound as exc:
         return ModuleLoad(module, error=str(exc))
-    except (Exception, SystemExit) as exc:  # the operator's code: any failure is reported
-        return _failure(module, exc, root)
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # the operator's code: any
+        return _failure(module, exc, root)  # failure is reported, a raised Ctrl+C too
     classes = tuple(
         (name, cls)
         for name, cls in vars(loaded).items()

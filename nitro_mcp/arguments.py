@@ -8,9 +8,12 @@ number (or ``true``/``false``) is taken as that value when the field takes no st
 float with an integral value is an int for an int field. Anything else is left for the
 experiment to refuse with its own message.
 
+Flags are strict: a boolean parameter takes a JSON boolean only, so ``dry_run="no"`` or
+``force=1`` is refused with the JSON to send, never read as the boolean it may spell.
 ``resume`` and ``restore_best`` take booleans as well as their strings: ``false`` is
 ``'false'``, and ``restore_best=true`` is ``'true'``; ``resume=true`` is ambiguous and
-refused, naming what to send.
+refused, naming what to send, and so is a string that spells a boolean in other words
+(``resume="no"``, ``restore_best="yes"``).
 
 An argument the SDK refuses (a value of the wrong type, a required one missing, an unknown
 one) is answered in the same words as a refused override, not in pydantic's:
@@ -26,7 +29,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from nitro_core.errors import ConfigError
 from nitro_core.experiment import Experiment
-from nitro_mcp.echo import clip
+from nitro_mcp.echo import clip, clip_text
 
 
 def coerce_overrides(cls: type[Experiment], overrides: dict[str, Any]) -> None:
@@ -53,7 +56,21 @@ def flag_text(value: bool | str, keyword: str) -> str:
         )
     if isinstance(value, bool):
         return "true" if value else "false"
+    word = value.strip().lower().removeprefix(":") if isinstance(value, str) else ""
+    if (word in _FALSE_WORDS or word in _TRUE_WORDS) and value not in _SPELLED:
+        raise ConfigError(f"{keyword}={json.dumps(value)} {_FLAG_WORD[keyword]}")
     return value
+
+
+_SPELLED = ("true", "false", ":true", ":false")  # the grammar's own words: the core reads them
+_FLAG_WORD = {
+    "resume": 'is a string that spells a boolean, not a source: send {"resume": false} (a new '
+    'run), {"resume": "auto"} (continue the latest record, or start fresh) or a source such as '
+    '{"resume": "latest => latest"}.',
+    "restore_best": 'is a string that spells a boolean, not an average: send {"restore_best": '
+    'false}, {"restore_best": true} (end holding the run\'s best checkpoint) or an average such '
+    'as {"restore_best": "Average(Last(10))"}.',
+}
 
 
 _NONE = object()
@@ -102,12 +119,46 @@ def argument_errors(schema: dict[str, Any], exc: ValidationError) -> str:
             continue
         name = str(err["loc"][0]) if err["loc"] else "arguments"
         prop = schema.get("properties", {}).get(name, {})
+        if err["type"] == "bool_type" and [a.get("type") for a in _arms(prop)] == ["boolean"]:
+            parts.setdefault(name, _not_a_boolean(name, err.get("input"), prop))
+            continue
         if err["type"] == "missing":
             text = f"{name} is required"
         else:
             text = f"{name}={clip(err.get('input'))} is not {_expected(prop)}"
         parts.setdefault(name, f"{text}; send e.g. {name}={_value(_example(prop))}")
     return "; ".join(parts.values()) + "."
+
+
+_FALSE_WORDS = ("false", "no", "n", "off", "f", "0")
+_TRUE_WORDS = ("true", "yes", "y", "on", "t", "1")
+
+
+def _not_a_boolean(name: str, given: Any, prop: dict[str, Any]) -> str:
+    """A flag sent as anything but a JSON boolean (``dry_run="no"``): refused, never read as
+    the boolean it may spell, with the JSON to send (the one it spells, when it spells one)."""
+    word = given.strip().lower() if isinstance(given, str) and len(given) < 10 else None
+    if isinstance(given, int | float) and given in (0, 1):
+        word = str(int(given))
+    if word in _FALSE_WORDS or word in _TRUE_WORDS:
+        send = json.dumps({name: word in _TRUE_WORDS})
+    else:
+        send = f"{json.dumps({name: True})} or {json.dumps({name: False})}"
+    meaning = str(prop.get("description") or "").rstrip(".")
+    return (
+        f"{name} must be true or false (a JSON boolean), not {_shown_value(given)}: send {send}"
+        + (f" ({meaning})" if meaning else "")
+    )
+
+
+def _shown_value(value: Any) -> str:
+    if isinstance(value, str):
+        return f"the string {json.dumps(clip_text(value), ensure_ascii=False)}"
+    if isinstance(value, int | float):
+        return f"the number {clip(value)}"
+    if value is None:
+        return "null"
+    return "a list" if isinstance(value, list) else "an object"
 
 
 def _arms(prop: dict[str, Any]) -> list[dict[str, Any]]:

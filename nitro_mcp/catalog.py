@@ -439,7 +439,7 @@ def export(root: Path, source: str, path: str, run_dir: str | None) -> models.Ex
     if isinstance(src, PathSource):
         base = directory_inside_root(root, run_dir, "run_dir") if run_dir else root
         candidates = [inside_root(root, str(b / src.path), "source") for b in (root, base)]
-        found = next((p for p in candidates if p.is_file()), candidates[-1])
+        found = next((p for p in candidates if p.exists()), candidates[-1])  # file or record dir
         src, where = PathSource(str(found)), found.parent
     else:
         if run_dir is None:

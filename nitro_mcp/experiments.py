@@ -7,13 +7,23 @@ mtime, size and inode): an edited, created or replaced file is imported again, s
 fields a call is checked against are the fields the worker (which imports the file afresh)
 will run. A module that failed is tried again when its file changes, or at most every
 ``RETRY_S`` seconds (a missing dependency may have been installed since).
+
+An operator's module never stops the server: it is imported on a thread of its own, for at
+most ``import_timeout_s`` seconds (``nitro serve --import-timeout``), with stdin read from
+/dev/null and file descriptor 1 (the MCP stdio channel, before the server claims it) pointed
+at stderr; a module that hangs, waits for input, raises ``KeyboardInterrupt`` or writes to
+fd 1 is listed with that as its error. A hung import is not started again until its file
+changes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +45,7 @@ from nitro_mcp.echo import clip_text
 from nitro_mcp.replies import fit, shrink
 
 RETRY_S = 2.0
+IMPORT_TIMEOUT_S = 30.0  # the longest a module's import may take before it counts as failed
 EXPERIMENTS_BUDGET = 5_000  # characters of experiment descriptions in the default listing
 MODULES_BUDGET = 2_000  # and of the modules, errors and tracebacks included
 DESCRIPTION_MAX = 300  # characters of an experiment's description
@@ -43,9 +54,13 @@ DESCRIPTION_MAX = 300  # characters of an experiment's description
 class ExperimentModules:
     """The registry over ``root``: built-ins, entry points and the operator's modules."""
 
-    def __init__(self, root: Path, modules: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, root: Path, modules: tuple[str, ...] = (), import_timeout_s: float = IMPORT_TIMEOUT_S
+    ) -> None:
         self.root = Path(root).resolve()
         self.modules = tuple(dict.fromkeys(modules))  # each module once, in the given order
+        self.import_timeout_s = import_timeout_s
+        self._hung: dict[str, threading.Thread] = {}  # imports still running past the limit
         self._base, self._failed_base = builtin_experiments()
         self._lock = threading.Lock()
         self._loads: dict[str, ModuleLoad] = {}
@@ -70,10 +85,12 @@ class ExperimentModules:
             for module in self.modules:
                 stamp = source_stamp(module, self.root)
                 load = self._loads.get(module)
+                hung = self._hung.get(module)
                 retry = (
                     load is not None
                     and load.error is not None
                     and time.monotonic() - self._tried[module] >= RETRY_S
+                    and (hung is None or not hung.is_alive())  # never a second hung import
                 )
                 if load is None or stamp != self._stamps[module] or retry:
                     self._load(module, stamp)
@@ -91,10 +108,62 @@ class ExperimentModules:
             return self._registry
 
     def _load(self, module: str, stamp: Stamp | None) -> None:
-        self._loads[module] = load_module(module, self.root)
+        self._loads[module], hung = timed_load(module, self.root, self.import_timeout_s)
+        if hung is not None:
+            self._hung[module] = hung
         # the stamp seen before the import: an edit made while importing is seen next time
         self._stamps[module] = stamp
         self._tried[module] = time.monotonic()
+
+
+def timed_load(module: str, root: Path, limit: float) -> tuple[ModuleLoad, threading.Thread | None]:
+    """``load_module`` on a daemon thread, for at most ``limit`` seconds, with stdin from
+    /dev/null and fd 1 on stderr meanwhile; the load (an error when it ran past the limit)
+    and the thread when it is still running."""
+    done: list[ModuleLoad] = []
+
+    def run() -> None:
+        try:
+            done.append(load_module(module, root))
+        except BaseException as exc:  # noqa: BLE001 - whatever the module raises is its error
+            done.append(ModuleLoad(module, error=f"{type(exc).__name__}: {exc}"))
+
+    thread = threading.Thread(target=run, name=f"nitro-import {module}", daemon=True)
+    stdout = sys.stdout
+    with _quiet_descriptors():
+        thread.start()
+        thread.join(limit)
+    if done:
+        return done[0], None
+    sys.stdout = stdout  # the hung import's redirect of print() to stderr ends here
+    return ModuleLoad(module, error=(
+        f"the import did not finish within {limit:g} s (does it wait for input, a lock or the "
+        "network at import?); move that work out of the import, or raise the limit with "
+        "nitro serve --import-timeout"
+    )), thread  # fmt: skip
+
+
+@contextlib.contextmanager
+def _quiet_descriptors() -> Iterator[None]:
+    """fd 0 reads /dev/null and fd 1 writes to stderr, restored on the way out (in place
+    when a descriptor cannot be duplicated)."""
+    try:
+        saved = (os.dup(0), os.dup(1))
+        null = os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    sys.stdout.flush()  # what Python buffered for fd 1 goes where it was meant to
+    try:
+        os.dup2(null, 0)
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved[0], 0)
+        os.dup2(saved[1], 1)
+        for fd in (*saved, null):
+            os.close(fd)
 
 
 def listing(

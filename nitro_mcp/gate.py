@@ -22,6 +22,7 @@ from nitro_core.info import checkpoint_info
 from nitro_core.jobs import JobManager, JobStatus
 from nitro_core.jobs.calls import after_end, train_arguments
 from nitro_core.jobs.files import TERMINAL, JobSpec, job_dir, log_tail
+from nitro_core.jobs.ranks import process_limit
 from nitro_core.policy import retention
 from nitro_core.registry import Registry, lookup
 from nitro_core.sources.grammar import Average, Pair, PathSource, Source, to_source
@@ -35,10 +36,11 @@ from nitro_core.verification import verify
 from nitro_mcp import catalog, following, models, observe, pruning, record_config
 from nitro_mcp.arguments import coerce_overrides, flag_text
 from nitro_mcp.echo import clip, clip_text
-from nitro_mcp.experiments import ExperimentModules
+from nitro_mcp.experiments import IMPORT_TIMEOUT_S, ExperimentModules
 from nitro_mcp.experiments import listing as experiments_listing
 from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
 from nitro_mcp.phrasing import job_error
+from nitro_mcp.record_fit import check_record_fits, refuse_non_record
 from nitro_mcp.replies import fit, shrink
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -59,9 +61,12 @@ class Gate:
         max_jobs: int = 2,
         experiment_modules: tuple[str, ...] = (),
         max_eval_jobs: int = 2,
+        import_timeout_s: float = IMPORT_TIMEOUT_S,
     ) -> None:
         self.root = Path(root).resolve()
-        self._experiments = ExperimentModules(self.root, tuple(experiment_modules))
+        self._experiments = ExperimentModules(
+            self.root, tuple(experiment_modules), import_timeout_s
+        )
         self.modules = self._experiments.for_jobs()  # what a worker imports, the same way
         self._registry = self._experiments.registry()
         self.jobs = JobManager(self.root, max_jobs=max_jobs, max_eval_jobs=max_eval_jobs)
@@ -114,13 +119,14 @@ class Gate:
             inside_root(self.root, str(base / source.path), keyword)
             for base in (self.root, run_dir)
         ]
-        found = next((p for p in candidates if p.is_file()), candidates[0])
+        found = next((p for p in candidates if p.exists()), candidates[0])  # a file or record dir
         return PathSource(str(found))
 
-    def _check_source(self, source: Source, run_dir: Path, keyword: str) -> None:
+    def _check_source(self, source: Source, run_dir: Path, keyword: str) -> Path:
         """Resolve a source against the manifest now, so a call that can never succeed is
-        answered at once."""
-        resolve(self._rooted(source, run_dir, keyword), run_dir, manifest.read_manifest(run_dir))
+        answered at once; the record it names (an average's: its state record)."""
+        rooted = self._rooted(source, run_dir, keyword)
+        return resolve(rooted, run_dir, manifest.read_manifest(run_dir)).path
 
     # -- nitro_train ------------------------------------------------------------------------------
     def train(
@@ -154,15 +160,20 @@ class Gate:
             exp = cls(**(overrides or {}))  # unknown or ill-typed fields raise ConfigError
         else:  # the recorded config, overrides changing Host fields only
             # queued behind a job, the run may have trained on by its start: its worker checks
-            exp = record_config.resume_experiment(cls, point, overrides, args, busy is None)
+            exp = record_config.resume_experiment(
+                cls, point, overrides, args, busy is None, self.registry
+            )
             point.check_config(exp)
         observe.check_logger(logger, point, exp, args)
         if opts.weights is not None:
-            self._check_source(opts.weights, where, "weights")
+            found = self._check_source(opts.weights, where, "weights")
+            check_record_fits(exp, found, strict, shown(self.root, found) or str(found),
+                              "nitro_train", args, self.registry)  # fmt: skip
         if isinstance(opts.restore_best, Average):
             check_keep_holds(exp.checkpointer(), opts.restore_best, exp.max_epochs)
         _check_seed(seed)
         _check_device(device)
+        _check_process_limit(nproc, device)
         status = self.jobs.submit(
             kind="train", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
             run_dir=str(where), seed=seed, resume=resume, weights=weights, restore_best=restore_best,
@@ -208,7 +219,16 @@ class Gate:
         opts = check_options(False, weights, False, False, load_ema, True)
         assert opts.weights is not None  # weights is a string, so it became a source
         rooted = self._rooted(opts.weights, where, "weights")
-        _, notes = record_config.from_record(cls, rooted, where, overrides)  # the record's config
+        exp, notes, path = record_config.from_record(cls, rooted, where, overrides)  # its config
+        call: dict[str, Any] = {
+            "experiment": experiment, "run_dir": shown(self.root, where), "weights": weights,
+        }  # fmt: skip
+        call.update(
+            {k: v for k, v in (("split", split), ("load_ema", load_ema)) if v not in ("val", False)}
+        )
+        call.update({"overrides": overrides} if overrides else {})
+        check_record_fits(exp, path, True, shown(self.root, path) or str(path), "nitro_validate",
+                          call, self.registry)  # fmt: skip
         self._check_split(experiment, split)
         return self.jobs.submit(
             kind="validate", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
@@ -272,7 +292,17 @@ class Gate:
                 experiment, src, where, self.registry, run_dir
             )
             cls = self._class(experiment, overrides)
-            _, notes = record_config.from_record(cls, src, where, overrides)
+            exp, notes, path = record_config.from_record(cls, src, where, overrides)
+            call: dict[str, Any] = {
+                "run_dir": run_dir,
+                "source": source,
+                "validate": True,
+                "experiment": experiment,
+            }
+            call.update({"overrides": overrides} if overrides else {})
+            call.update({"split": split} if split != "val" else {})
+            check_record_fits(exp, path, True, shown(self.root, path) or str(path), "average",
+                              call, self.registry)  # fmt: skip
             self._check_split(experiment, split)
         return self.jobs.submit(
             kind="average", experiment=experiment, experiment_modules=self.modules, run_dir=str(where),
@@ -390,10 +420,11 @@ class Gate:
 
     def checkpoint_info(self, path: str) -> models.CheckpointInfoResult:
         where = inside_root(self.root, path, "path")
-        if not where.is_file():
+        if not (where.is_file() or (where / "header.json").is_file()):  # or a record directory
             raise ConfigError(
                 f"path={clip(path)} is not a file under the server's root; nitro_manifest lists a run's files."
             )
+        refuse_non_record(where, clip_text(path), _run_dir_of(self.root, where))
         header = checkpoint_info(where)
         for key in _BULKY:
             if header.get(key) is not None:
@@ -583,7 +614,14 @@ def _next(status: JobStatus, hint: str | None) -> str:
     if status.state in ("queued", "running"):
         return f"Call {following.follow_call(status.job_id)}: it returns when the job ends."
     if status.state == "succeeded":
-        return "Done. nitro_runs and nitro_manifest show the run's checkpoints; nitro_validate evaluates one."
+        done = "nitro_runs and nitro_manifest show the run's checkpoints; nitro_validate evaluates one."
+        unrestored = [
+            w for w in (status.result or {}).get("warnings") or []
+            if isinstance(w, str) and w.startswith("restore_best=")
+        ]  # fmt: skip
+        if status.kind == "train" and unrestored:  # the run ended short of its selection
+            return f"Done, but {clip_text(unrestored[0], 600)} {done}"
+        return f"Done. {done}"
     return hint or "Read error and log_tail, fix the call, and start again."
 
 
@@ -623,3 +661,25 @@ def _check_processes(nproc: Any, strategy: Any) -> None:
             f"strategy={clip(strategy)} is not a strategy; send 'auto' (DDP when nproc > 1), "
             "'ddp' or 'fsdp'."
         )
+
+
+def _check_process_limit(nproc: int, device: str) -> None:
+    """Refuse more ranks than the machine runs side by side (one per GPU, or per CPU)."""
+    if nproc == 1:
+        return
+    limit, what = process_limit(device)
+    if nproc > limit:
+        raise ConfigError(
+            f"nproc={nproc} is more processes than this machine has room for: {what}. Send "
+            f"nproc from 1 to {max(limit, 1)}, e.g. nproc={max(limit, 1)}."
+        )
+
+
+def _run_dir_of(root: Path, where: Path) -> str | None:
+    """The run directory (one holding a manifest) ``where`` lies in, shown from the root."""
+    for parent in where.parents:
+        if parent != root and root not in parent.parents:
+            return None
+        if (parent / "manifest.json").is_file():
+            return shown(root, parent)
+    return None

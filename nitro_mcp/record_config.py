@@ -30,6 +30,7 @@ from nitro_core.training.from_record import (
     record_config,
 )
 from nitro_core.training.resume import ResumePoint
+from nitro_mcp.record_fit import model_shapes, record_shapes, registered_name
 
 E = TypeVar("E", bound=Experiment)
 WARNINGS_MAX = 8  # warnings in one reply, each at most WARNING_CHARS characters
@@ -38,15 +39,17 @@ WARNING_CHARS = 400
 
 def from_record(
     cls: type[E], source: Source, run_dir: Path, overrides: Mapping[str, Any] | None
-) -> tuple[E, list[str]]:
+) -> tuple[E, list[str], Path]:
     """``cls`` built from the config of the record ``source`` names (an ``Average``: its
-    state record), with ``overrides`` on top; and the warnings naming each difference."""
+    state record), with ``overrides`` on top; the warnings naming each difference; and the
+    record's path."""
     try:
         recorded = record_config(source, run_dir)
     except NitroError:  # no such record: an override the class refuses anyway is said first
         _check_alone(cls, overrides or {})
         raise
-    return build_from_config(cls, recorded, overrides or {})
+    exp, notes = build_from_config(cls, recorded, overrides or {})
+    return exp, notes, recorded.path
 
 
 def _check_alone(cls: type[Experiment], overrides: Mapping[str, Any]) -> None:
@@ -64,10 +67,27 @@ def resume_experiment(
     overrides: Mapping[str, Any] | None,
     args: dict[str, Any],
     check_epochs: bool = True,
+    registry: Mapping[str, type[Experiment]] | None = None,
 ) -> E:
     """The experiment a resume continues: the recorded config, ``overrides`` changing Host
-    fields only. ``args`` are the call's ``nitro_train`` arguments, for the refusals; with
-    ``check_epochs``, a resume with nothing left to train is refused first."""
+    fields only. ``args`` are the call's ``nitro_train`` arguments, for the refusals; a run
+    another experiment wrote is refused first (naming it, from ``registry``), then, with
+    ``check_epochs``, a resume with nothing left to train."""
+    written = point.meta.get("experiment")
+    if isinstance(written, str) and written.rsplit(".", 1)[-1] != cls.__name__:
+        run = point.meta.get("run", "?")
+        registered = registered_name(written, registry or {})
+        fix = (
+            f"send experiment={registered!r}: "
+            f"{tool_call('nitro_train', {**args, 'experiment': registered})}"
+            if registered is not None
+            else f"{written} is not registered here (nitro_experiments lists the experiments)"
+        )
+        raise ResumeRefused(
+            f"resume={args['resume']!r} continues run {run} in run_dir={args['run_dir']!r}, which "
+            f"{written} wrote, not {cls.__name__}; a resume continues a run under the experiment "
+            f"that wrote it: {fix}."
+        )
     recorded = point.meta.get("config") or {}
     exp, _ = build_from_config(
         cls,
@@ -109,12 +129,44 @@ def resume_experiment(
     )
     kept = {k: v for k, v in (overrides or {}).items() if k not in plain}
     again = tool_call("nitro_train", train_arguments(**{**args, "overrides": kept}))
+    shown_file = f"{args['run_dir']}/{point.path.name}"
+    misfit = branch_misfit(cls, overrides or {}, point, shown_file, bool(args.get("strict", True)))
+    other = (
+        f"or start a new run from its weights: {branch}"
+        if misfit is None
+        else f"a new run from its weights would not load them under these overrides: {misfit}"
+    )
     raise ResumeRefused(
         f"resume={resume!r} continues {what} under its recorded config; overrides may change "
         f"only Host fields ({', '.join(sorted(host)) or 'none'}), and these change plain "
-        f"fields: {changes}. Drop overrides={value(plain)} to resume: {again}, or start a new run "
-        f"from its weights: {branch}."
+        f"fields: {changes}. Drop overrides={value(plain)} to resume: {again}, {other}."
     )
+
+
+def branch_misfit(
+    cls: type[Experiment],
+    overrides: Mapping[str, Any],
+    point: ResumePoint,
+    origin: str,
+    strict: bool,
+) -> str | None:
+    """Why ``point``'s record would not load as weights= into the new run the branch call
+    starts (``cls`` with the call's ``overrides``); None when it fits, or that cannot be told."""
+    from nitro_core.state.loading import check_fits  # lazy: it imports torch
+
+    try:
+        exp = cls(**overrides)
+    except (NitroError, ValueError):  # the branch call is refused for that itself
+        return None
+    record = record_shapes(point.meta)
+    model = model_shapes(exp) if record is not None else None
+    if record is None or model is None:
+        return None
+    try:
+        check_fits(model, record, strict, origin, type(exp).__name__)
+    except ConfigError as exc:
+        return str(exc).rstrip(".")
+    return None
 
 
 def check_something_to_train(point: ResumePoint, exp: Experiment, args: dict[str, Any]) -> None:

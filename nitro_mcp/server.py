@@ -21,12 +21,13 @@ import pydantic
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import TextContent
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from nitro_core import __version__
 from nitro_core.errors import NitroError
 from nitro_mcp import models, observe
 from nitro_mcp.echo import clip
+from nitro_mcp.experiments import IMPORT_TIMEOUT_S
 from nitro_mcp.gate import Gate
 from nitro_mcp.phrasing import for_tool
 from nitro_mcp.replies import NitroServer, compact
@@ -127,13 +128,14 @@ def build_server(
     max_jobs: int = 2,
     experiment_modules: tuple[str, ...] = (),
     max_eval_jobs: int = 2,
+    import_timeout_s: float = IMPORT_TIMEOUT_S,
 ) -> MCPServer:
     """The Nitro MCP server over ``root``: every path resolves inside it. ``max_jobs``
     trainings and, in slots of their own, ``max_eval_jobs`` validations and averages run at
-    once."""
+    once; an experiment module's import may take ``import_timeout_s`` seconds."""
     gate = Gate(
         Path(root), max_jobs=max_jobs, experiment_modules=tuple(experiment_modules),
-        max_eval_jobs=max_eval_jobs,
+        max_eval_jobs=max_eval_jobs, import_timeout_s=import_timeout_s,
     )  # fmt: skip
     server = NitroServer(  # its tool listing is trimmed for agents
         "nitro", instructions=INSTRUCTIONS, version=__version__, lifespan=_watch_queue(gate)
@@ -146,7 +148,7 @@ def build_server(
         experiment: Experiment,
         run_dir: RunDir = None,
         resume: Annotated[
-            bool | str,
+            StrictBool | str,
             Field(
                 description="false (a new run), 'auto' (continue the latest record, "
                 "or start fresh), or a source to resume exactly."
@@ -160,17 +162,17 @@ def build_server(
             ),
         ] = None,
         restore_best: Annotated[
-            bool | str,
+            StrictBool | str,
             Field(
                 description="false, true (end holding the run's best "
                 "checkpoint) or 'Average(Last(10))'."
             ),
         ] = "false",
         restore_optimizer: Annotated[
-            bool, Field(description="With weights: also take its optimizer state.")
+            StrictBool, Field(description="With weights: also take its optimizer state.")
         ] = False,
         strict: Annotated[
-            bool, Field(description="False: load weights by name, warning about the rest.")
+            StrictBool, Field(description="False: load weights by name, warning about the rest.")
         ] = True,
         seed: Annotated[
             int | None, Field(description="Seed for every RNG; default 0 (a resume keeps its own).")
@@ -178,7 +180,7 @@ def build_server(
         overrides: Overrides = None,
         device: Annotated[str, Field(description="'auto', 'cpu' or 'cuda:0'.")] = "auto",
         after_running: Annotated[
-            bool,
+            StrictBool,
             Field(
                 description="When a job already trains run_dir: queue this one to start when "
                 "it ends (false: refuse)."
@@ -227,7 +229,7 @@ def build_server(
             str, Field(description="The data split to evaluate, e.g. 'val' or 'test'.")
         ] = "val",
         load_ema: Annotated[
-            bool, Field(description="Evaluate the checkpoint's EMA weights.")
+            StrictBool, Field(description="Evaluate the checkpoint's EMA weights.")
         ] = False,
         overrides: Overrides = None,
         wait_s: Annotated[
@@ -262,7 +264,9 @@ def build_server(
             str | None,
             Field(description="With validate=true; default: the one the record was written by."),
         ] = None,
-        validate: Annotated[bool, Field(description="Also evaluate the average on split.")] = False,
+        validate: Annotated[
+            StrictBool, Field(description="Also evaluate the average on split.")
+        ] = False,
         wait_s: Annotated[
             float, Field(description="Seconds to wait for the result, 0 to 60.")
         ] = 20,
@@ -302,7 +306,7 @@ def build_server(
             ),
         ] = "change",
         brief: Annotated[
-            bool,
+            StrictBool,
             Field(description="Only state, epoch, step, progress, last metrics, error and next."),
         ] = False,
         ctx: Context | None = None,
@@ -319,7 +323,7 @@ def build_server(
         cursor: Annotated[str | None, Field(description="next_cursor of the previous page.")] = None,
         prune_older_than_h: Annotated[float | None, Field(
             description="Remove jobs that ended over this many hours ago.")] = None,
-        dry_run: Annotated[bool, Field(description="false: prune for real.")] = True,
+        dry_run: Annotated[StrictBool, Field(description="false: prune for real.")] = True,
     ) -> models.JobsPage:  # fmt: skip
         return await _off_loop(gate.list_jobs, state, limit, cursor, prune_older_than_h, dry_run)
 
@@ -329,7 +333,7 @@ def build_server(
     async def nitro_stop(
         job_id: Annotated[str, Field(description="The job to stop.")],
         force: Annotated[
-            bool, Field(description="Kill at once instead of stopping after the epoch.")
+            StrictBool, Field(description="Kill at once instead of stopping after the epoch.")
         ] = False,
     ) -> models.StopResult:
         return await _off_loop(gate.stop, job_id, force)
@@ -370,7 +374,7 @@ def build_server(
         files: Annotated[
             list[str] | None, Field(description="Record file names (nitro_manifest lists them).")
         ] = None,
-        dry_run: Annotated[bool, Field(description="false: really delete.")] = True,
+        dry_run: Annotated[StrictBool, Field(description="false: really delete.")] = True,
     ) -> models.DeleteResult:
         return await _off_loop(gate.delete, run_dir, run, files, dry_run)
 

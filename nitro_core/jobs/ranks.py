@@ -26,6 +26,19 @@ from nitro_core.jobs.status import update_status
 POLL_S = 0.25
 
 
+def process_limit(device: str) -> tuple[int, str]:
+    """The most processes a launch may start for ``device`` on this machine, and what sets it:
+    one per visible GPU when the ranks train on CUDA, else the CPUs this process may run on."""
+    import torch  # lazy: `nitro --help` and the job files need no torch
+
+    if device.startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
+        gpus = torch.cuda.device_count()
+        return gpus, f"{gpus} visible GPU{'' if gpus == 1 else 's'} (one process per GPU)"
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return cpus, f"{cpus} CPU{'' if cpus == 1 else 's'} this process may use, and no GPU"
+
+
 def command(spec: JobSpec, directory: Path) -> list[str]:
     """The launcher's command line (``-P``: the job's cwd is not on ``sys.path``)."""
     return [

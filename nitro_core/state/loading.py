@@ -6,7 +6,7 @@ both sizes."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,26 +37,10 @@ def load_model_state(
     leaf missing from ``state`` keeps its fresh value and an extra one is dropped, both with
     a warning."""
     current = model.state_dict()
-    for key, value in state.items():
-        if key in current and tuple(current[key].shape) != tuple(value.shape):
-            raise ConfigError(
-                f"Checkpoint {origin!r} does not fit {owner}'s model: leaf {key!r} has size "
-                f"{list(value.shape)} in the record and {list(current[key].shape)} in the model. "
-                "Build the model the record was written with (same config), or train a new run."
-            )
-    missing = [k for k in current if k not in state]
-    extra = [k for k in state if k not in current]
-    if strict and (missing or extra):
-        parts = []
-        if missing:
-            parts.append(f"the record lacks {_names(missing)}")
-        if extra:
-            parts.append(f"it has {_names(extra)} that the model lacks")
-        raise ConfigError(
-            f"Checkpoint {origin!r} does not fit {owner}'s model: {' and '.join(parts)}. Build "
-            "the model the record was written with, or pass strict=False to load the leaves that "
-            "match by name (missing ones keep their fresh values, extra ones are dropped)."
-        )
+    missing, extra = check_fits(
+        {k: v.shape for k, v in current.items()}, {k: v.shape for k, v in state.items()},
+        strict, origin, owner,
+    )  # fmt: skip
     if missing:
         warnings.warn(
             f"strict=False: {_names(missing)} not in {origin!r}; they keep their fresh values.",
@@ -70,6 +54,36 @@ def load_model_state(
             stacklevel=4,
         )
     model.load_state_dict({k: v for k, v in state.items() if k in current}, strict=False)
+
+
+def check_fits(
+    model: Mapping[str, Sequence[int]], record: Mapping[str, Sequence[int]], strict: bool,
+    origin: str, owner: str,
+) -> tuple[list[str], list[str]]:  # fmt: skip
+    """Refuse a record whose leaves (name -> shape) do not fit the model's: a size mismatch
+    always, a missing or extra leaf under ``strict``. Returns (missing, extra) names. Pure,
+    so the gate checks a record's header against a model built on the meta device."""
+    for key, shape in record.items():
+        if key in model and tuple(model[key]) != tuple(shape):
+            raise ConfigError(
+                f"Checkpoint {origin!r} does not fit {owner}'s model: leaf {key!r} has size "
+                f"{list(shape)} in the record and {list(model[key])} in the model. "
+                "Build the model the record was written with (same config), or train a new run."
+            )
+    missing = [k for k in model if k not in record]
+    extra = [k for k in record if k not in model]
+    if strict and (missing or extra):
+        parts = []
+        if missing:
+            parts.append(f"the record lacks {_names(missing)}")
+        if extra:
+            parts.append(f"it has {_names(extra)} that the model lacks")
+        raise ConfigError(
+            f"Checkpoint {origin!r} does not fit {owner}'s model: {' and '.join(parts)}. Build "
+            "the model the record was written with, or pass strict=False to load the leaves that "
+            "match by name (missing ones keep their fresh values, extra ones are dropped)."
+        )
+    return missing, extra
 
 
 def fresh_schedule(optimizer: torch.optim.Optimizer, recorded: dict[str, Any]) -> dict[str, Any]:

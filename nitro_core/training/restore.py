@@ -276,9 +276,9 @@ class BestRestorer:
         exp = f"{type(n.experiment).__name__}(...)"
         where = f"run_dir={str(n.run_dir)!r}"
         what = (
-            f"its best checkpoint (epoch {self.holding.epoch}, {self.holding.metric}={self.holding.score:.6g})"
+            f"best checkpoint (epoch {self.holding.epoch}, {self.holding.metric}={self.holding.score:.6g})"
             if isinstance(self.holding, ManifestEntry)
-            else f"its average {self.holding}"
+            else f"average {self.holding}"
         )
         pick = "best" if isinstance(self.holding, ManifestEntry) else self.holding
         raise TrainingRefused(

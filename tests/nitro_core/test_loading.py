@@ -434,7 +434,7 @@ def test_restore_best_ends_holding_the_best_checkpoint_and_refuses_more_training
         n.train()
     where = f"run_dir={str(tmp_path)!r}"
     assert str(exc.value) == (
-        f"This handle ended train() holding run {n.run_id}'s its best checkpoint (epoch {best.epoch}, "
+        f"This handle ended train() holding run {n.run_id}'s best checkpoint (epoch {best.epoch}, "
         f"acc={best.score:.6g}) rather than its final state (epoch 4); those weights beside the final "
         "optimizer state are not a state any run was in, so it will not train further. To continue "
         "from it, write one of:\n"

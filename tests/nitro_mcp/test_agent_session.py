@@ -16,6 +16,8 @@ from mcp import Client, StdioServerParameters
 
 from nitro_core import checkpoint_info, read_manifest
 
+from .conftest import ended
+
 BOUND = 8000
 
 MODULE = textwrap.dedent(
@@ -98,8 +100,8 @@ def test_an_agent_session_over_stdio_stays_within_the_reply_bound(tmp_path):
             listed = await call(client, "nitro_runs")
             assert {"runs/h8", "runs/h16"} <= {r["run_dir"] for r in listed["run_dirs"]}
             # the record's own config: no override repeated, and the metrics are the recorded ones
-            val = await call(client, "nitro_validate", experiment="Line", run_dir="runs/h16",
-                             weights="latest => latest", wait_s=60)  # fmt: skip
+            _, val = await ended(client, (False, await call(client, "nitro_validate", experiment="Line",
+                                  run_dir="runs/h16", weights="latest => latest", wait_s=60)))  # fmt: skip
             assert val["state"] == "succeeded", val
             run = history["run"]
             dry = await call(client, "nitro_delete", run_dir="runs/h8", run=run)

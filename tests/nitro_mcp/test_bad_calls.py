@@ -76,9 +76,13 @@ BAD_CALLS = [
     ("nitro_train", {"experiment": "Regression", "seed": 2**80},
      "seed=1208925819614629174706176 is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."),
     ("nitro_train", {"experiment": "Classifier", "restore_best": "Average(Last(10))"},
-     "restore_best=Average(Last(10)) needs records that keep=(Best(3), Last(3)) does not hold at the end of training (max_epochs=6). "
-     "Keep them: Checkpointer(keep=(Best(3), Last(3), Last(10))) returned by the experiment's checkpointer() (a "
-     "change to its module)."),
+     "restore_best=Average(Last(10)) can never be restored under keep=(Best(3), Last(3)): Last(10) needs 10 points and "
+     "a run of max_epochs=6 passes at most 6 (one per epoch end), so the run would end keeping its final weights. "
+     "Write restore_best=Average(Last(6)) or train for 10 epochs (max_epochs=10)."),
+    ("nitro_train", {"experiment": "Classifier", "restore_best": "Average(Last(5))", "overrides": {"max_epochs": 12}},
+     "restore_best=Average(Last(5)) needs records that keep=(Best(3), Last(3)) does not hold at the end of training "
+     "(max_epochs=12). Keep them: Checkpointer(keep=(Best(3), Last(3), Last(5))) returned by the experiment's "
+     "checkpointer() (a change to its module)."),
     ("average", {"run_dir": "runs/none", "save": "runs/avg"},
      "save='runs/avg' must name a .safetensors file, e.g. save='runs/Classifier/avg10.safetensors'."),
     ("nitro_jobs", {"cursor": "²"}, "cursor='²' is not a cursor; pass the next_cursor of the previous page."),

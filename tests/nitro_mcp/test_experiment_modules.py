@@ -220,3 +220,45 @@ def test_a_module_of_many_experiments_is_listed_within_the_reply_budget(tmp_path
     )
     assert [e["name"] for e in one.structured_content["experiments"]] == ["Wide39"]
     assert _fields(one.structured_content, "Wide39")[-1] == "extra_7"
+
+
+HOSTILE = {  # module file -> its source: each would stop the server if imported plainly
+    "hangs.py": "import time\ntime.sleep(600)\n",
+    "reads_stdin.py": "import sys\nDATA = sys.stdin.read()\nNAME = input()\n",
+    "interrupts.py": "raise KeyboardInterrupt('from the import')\n",
+    "writes_fd1.py": "import os\nos.write(1, b'not JSON-RPC\\n')\n",
+}
+
+
+def test_modules_that_hang_read_stdin_interrupt_or_write_fd_1_leave_nitro_serve_answering(tmp_path):
+    """Over real stdio: initialize and tools/list are answered, the JSON-RPC channel stays
+    clean (a stray line on it would break the client's parse), and each module's failure is
+    listed as its error and named when its experiment is asked for."""
+    for name, text in HOSTILE.items():
+        (tmp_path / name).write_text(text)
+    modules = [a for name in HOSTILE for a in ("--experiment-module", name)]
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "nitro_mcp.cli", "serve", "--root", str(tmp_path), "--import-timeout", "2", *modules],
+        env=dict(os.environ),
+    )  # fmt: skip
+
+    async def main():
+        with anyio.fail_after(60):
+            async with Client(params) as client:
+                tools = await client.list_tools()
+                listing = await call(client, "nitro_experiments")
+                refusal = await call(client, "nitro_train", experiment="Hung")
+                return [t.name for t in tools.tools], listing, refusal
+
+    names, (err, listing), (refused, text) = anyio.run(main)
+    assert "nitro_train" in names and not err, listing
+    assert [(m["module"], m["error"]) for m in listing["modules"]] == [
+        ("hangs.py", "the import did not finish within 2 s (does it wait for input, a lock or the network at "
+         "import?); move that work out of the import, or raise the limit with nitro serve --import-timeout"),
+        ("reads_stdin.py", "EOFError: EOF when reading a line (reads_stdin.py, line 3)"),
+        ("interrupts.py", "KeyboardInterrupt: from the import (interrupts.py, line 1)"),
+        ("writes_fd1.py", None),
+    ]  # fmt: skip
+    assert refused and "The experiment module 'hangs.py' failed to import and may define it: the " \
+        "import did not finish within 2 s" in text, text  # fmt: skip

@@ -233,10 +233,11 @@ def test_resume_auto_with_a_changed_plain_config_is_refused_at_the_call(tmp_path
         "recorded config; overrides may change only Host fields (max_epochs), and these change "
         "plain fields: hidden: 8 (record) -> 16 (call). Drop overrides={'hidden': 16} to resume: "
         "nitro_train(experiment='Regression', run_dir='runs/Regression', resume='auto', "
-        "overrides={'max_epochs': 2, 'samples': 64}), or start a new run from its weights: "
-        f"nitro_train(experiment='Regression', run_dir='runs/Regression', weights='{entry.run} "
-        "=> latest', overrides={'max_epochs': 2, 'samples': 64, 'hidden': 16})."
-    )
+        "overrides={'max_epochs': 2, 'samples': 64}), a new run from its weights would not load "
+        f"them under these overrides: Checkpoint 'runs/Regression/{entry.file}' does not fit "
+        "Regression's model: leaf '0.weight' has size [8, 8] in the record and [16, 8] in the "
+        "model. Build the model the record was written with (same config), or train a new run."
+    )  # a branch that cannot load its weights is not proposed
     assert not store.exists() or not list(store.iterdir())  # refused before any job existed
 
 

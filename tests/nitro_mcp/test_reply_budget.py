@@ -260,7 +260,9 @@ ARGUMENT_REFUSALS = [
      "state='done' is not one of 'queued', 'running', 'succeeded', 'failed', 'stopped', 'lost'; send e.g. "
      "state='queued'."),
     ("nitro_jobs", {"limit": "ten"}, "limit='ten' is not an integer; send e.g. limit=20."),
-    ("nitro_stop", {"job_id": "x", "force": "maybe"}, "force='maybe' is not true or false; send e.g. force=false."),
+    ("nitro_stop", {"job_id": "x", "force": "maybe"},
+     'force must be true or false (a JSON boolean), not the string "maybe": send {"force": true} or '
+     '{"force": false} (Kill at once instead of stopping after the epoch).'),
     ("nitro_status", {"job_id": "x", "wait_s": "soon"}, "wait_s='soon' is not a number; send e.g. wait_s=0."),
     ("nitro_train", {"experiment": "Regression", "overrides": "lr=0.1"},
      "overrides='lr=0.1' is not an object; send e.g. overrides={\"max_epochs\": 3}."),

@@ -15,7 +15,7 @@ from mcp import Client
 from nitro_core import read_manifest
 from nitro_mcp.server import build_server
 
-from .conftest import FAST, call, wait_done
+from .conftest import FAST, call, ended, wait_done
 
 TOOLS = {
     "nitro_train", "nitro_validate", "average", "nitro_status", "nitro_jobs", "nitro_stop",
@@ -72,19 +72,16 @@ def test_train_status_validate_and_average_through_the_client(trained_root, mode
                 e.epoch for e in read_manifest(root / "runs/Classifier")
             ]
             assert len(status["log_tail"]) <= 3000 and status["elapsed_s"] > 0
-            err, val = await call(
-                client,
-                "nitro_validate",
-                experiment="Classifier",
-                weights="latest => best",
+            err, val = await ended(client, await call(
+                client, "nitro_validate", experiment="Classifier", weights="latest => best",
                 overrides=FAST,
-            )
+            ), root)  # fmt: skip
             assert not err and val["state"] == "succeeded", val
             assert set(val["metrics"]) == {"acc", "loss"} and val["checkpoint"].startswith(
                 "runs/Classifier/epoch-"
             )
-            err, avg = await call(client, "average", run_dir="runs/Classifier", source="latest => Average(Last(2))",
-                                  experiment="Classifier", validate=True)  # fmt: skip
+            err, avg = await ended(client, await call(client, "average", run_dir="runs/Classifier",
+                                  source="latest => Average(Last(2))", experiment="Classifier", validate=True))  # fmt: skip
             assert not err and avg["state"] == "succeeded", avg
             assert avg["averaged_from"]["epochs"] == [2, 3] and set(avg["metrics"]) == {
                 "acc",

@@ -14,7 +14,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from .conftest import call, wait_done
+from .conftest import call, ended, wait_done
 
 
 @pytest.mark.slow  # a real worker end to end; `pytest -m slow`
@@ -32,11 +32,12 @@ def test_stdio_server_trains_validates_and_averages(tmp_path):
             assert not err, job
             status = await wait_done(client, job["job_id"])
             assert status["state"] == "succeeded" and status["epoch"] == 3
-            err, val = await call(client, "nitro_validate", experiment="Regression", run_dir="runs/reg",
-                                  weights="latest => best", overrides={"samples": 256})  # fmt: skip
+            err, val = await ended(client, await call(client, "nitro_validate", experiment="Regression", run_dir="runs/reg",
+                                  weights="latest => best", overrides={"samples": 256}))  # fmt: skip
             assert not err and val["state"] == "succeeded" and "loss" in val["metrics"]
-            err, avg = await call(client, "average", run_dir="runs/reg", source=f"{status['run_id']} => Average(Best(2))",
-                                  save="runs/reg/avg.safetensors")  # fmt: skip
+            err, avg = await ended(client, await call(client, "average", run_dir="runs/reg",
+                                  source=f"{status['run_id']} => Average(Best(2))", save="runs/reg/avg.safetensors"),
+                                  tmp_path)  # fmt: skip
             assert (
                 not err
                 and avg["state"] == "succeeded"

@@ -1,0 +1,136 @@
+"""Refusing at the call a record its job could not load.
+
+A job that validates, averages with validation, or trains from ``weights=`` builds the
+called experiment's model and loads the record into it; when the record was written by
+another experiment (or under another architecture) that load fails in the worker, half a
+minute later. The gate reads the record's header alone (``checkpoint_info``: the experiment
+that wrote it, its layout's leaf names and shapes), builds the called experiment's model on
+PyTorch's meta device (shapes without memory), and refuses a misfit at once with the
+library's own words (``state.loading.check_fits``), naming the experiment that wrote the
+record and the call to send instead. A model that cannot be built on the meta device, or a
+record without a layout (an export), is left for the worker to check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from nitro_core.errors import ConfigError, NitroError
+from nitro_core.experiment import Experiment
+from nitro_core.info import checkpoint_info
+from nitro_core.jobs.calls import tool_call
+
+
+def check_record_fits(
+    exp: Experiment, path: Path, strict: bool, origin: str, tool: str, args: dict[str, Any],
+    registry: Mapping[str, type[Experiment]],
+) -> None:  # fmt: skip
+    """Refuse ``path`` when its leaves do not fit ``exp``'s model (under ``strict``), naming
+    the experiment that wrote it and ``tool``'s call under that experiment (``args`` are the
+    call's arguments)."""
+    from nitro_core.state.loading import check_fits  # lazy: it imports torch
+
+    try:
+        header = checkpoint_info(path)
+    except (NitroError, OSError):  # unreadable: the resolution or the worker says why
+        return
+    record = record_shapes(header)
+    model = model_shapes(exp) if record is not None else None
+    if record is None or model is None:
+        return
+    name = type(exp).__name__
+    try:
+        check_fits(model, record, strict, origin, name)
+    except ConfigError as exc:
+        written = header.get("experiment")
+        if not isinstance(written, str) or written.rsplit(".", 1)[-1] == name:
+            raise
+        raise ConfigError(f"{exc} {writer_sentence(written, name, tool, args, registry)}") from None
+
+
+def writer_sentence(
+    written: str, name: str, tool: str, args: dict[str, Any],
+    registry: Mapping[str, type[Experiment]],
+) -> str:  # fmt: skip
+    """'It was written by Classifier, not Regression: send <call>.'"""
+    registered = registered_name(written, registry)
+    if registered is None:
+        return (
+            f"It was written by {written}, not {name}, and {written} is not registered here; "
+            "nitro_experiments lists the experiments."
+        )
+    call = tool_call(tool, {**args, "experiment": registered})
+    return f"It was written by {written}, not {name}: send experiment={registered!r}: {call}."
+
+
+def registered_name(written: str, registry: Mapping[str, type[Experiment]]) -> str | None:
+    """The registered name of the class a header names (``type(exp).__qualname__``)."""
+    if written in registry:
+        return written
+    found = [n for n, cls in registry.items() if cls.__qualname__ == written]
+    return found[0] if found else None
+
+
+def record_shapes(header: Mapping[str, Any]) -> dict[str, list[int]] | None:
+    """A record's leaves (parameters, buffers and tied aliases) and their shapes, from its
+    header's layout; None for a header without one."""
+    layout = header.get("layout")
+    if not isinstance(layout, Mapping) or "params" not in layout:
+        return None
+    shapes = {str(row[0]): list(row[1]) for row in [*layout["params"], *layout.get("buffers", [])]}
+    for alias, key in (layout.get("aliases") or {}).items():
+        if key in shapes:
+            shapes[str(alias)] = shapes[key]
+    return shapes
+
+
+def model_shapes(exp: Experiment) -> dict[str, list[int]] | None:
+    """The leaves of ``exp``'s model and their shapes, built on the meta device (no memory,
+    no initialization); None when the model cannot be built that way."""
+    import torch  # lazy: the server answers tools/list without torch
+
+    try:
+        with torch.device("meta"):
+            model = exp.build_model()
+        return {k: list(v.shape) for k, v in model.state_dict().items()}
+    except Exception:  # the operator's build_model: the worker builds it for real
+        return None
+
+
+def refuse_non_record(where: Path, path: str, shown_dir: str | None) -> None:
+    """Refuse a file that is no Nitro record at all (a log, the manifest, any file that does
+    not open with a safetensors header), saying what it is and what to pass instead; a
+    ``.safetensors`` file that does not parse is left to the reader (it may be truncated)."""
+    if not where.is_file() or where.suffix == ".safetensors" or _opens_as_safetensors(where):
+        return
+    if where.suffix == ".jsonl":
+        what = "a JSONL log (a run's metric history: nitro_history reads it)"
+    elif where.name == "manifest.json":
+        what = "a run directory's manifest (nitro_manifest reads it)"
+    elif where.suffix == ".json":
+        what = "a JSON file"
+    else:
+        what = (
+            f"a file of {where.stat().st_size} bytes that does not open with a safetensors header"
+        )
+    lists = (
+        f"nitro_manifest(run_dir={shown_dir!r}) lists its records"
+        if shown_dir is not None
+        else "nitro_manifest(run_dir=...) lists a run's records"
+    )
+    raise ConfigError(
+        f"path={path!r} is not a Nitro record: it is {what}. Pass a record instead, a "
+        f".safetensors file or a record directory (holding header.json); {lists}."
+    )
+
+
+def _opens_as_safetensors(path: Path) -> bool:
+    """Whether the file starts as a safetensors file does: an 8-byte little-endian header
+    length that fits the file, then a JSON object."""
+    with path.open("rb") as f:
+        head = f.read(9)
+    if len(head) < 9:
+        return False
+    return 8 + int.from_bytes(head[:8], "little") <= path.stat().st_size and head[8:9] == b"{"
