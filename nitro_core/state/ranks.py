@@ -5,8 +5,11 @@ what differs between ranks is where each one's generators and train split stand.
 record keeps rank 0's in the usual places (header ``rng``, ``position.epoch_rng``,
 ``data``; tensors under ``rng/``) and every other rank's under the header's ``ranks``
 (``{"world": N, "states": [rank 1's, rank 2's, ...]}``) with tensors under
-``rng/rank<r>/``. :func:`view` gives the record as rank ``r`` resumes it: its own state in
-the usual places, so the rest of the resume path is the one-process path.
+``rng/rank<r>/``. A mid-epoch record also keeps each rank's running sum of its training
+losses (``position.loss_sum`` for rank 0, ``loss_sum`` in the others' rows): the history
+row's ``train_loss`` is the mean over the ranks of each one's own sum. :func:`view` gives
+the record as rank ``r`` resumes it: its own state in the usual places, so the rest of the
+resume path is the one-process path.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from nitro_core.state import records
 
 @dataclass
 class RankState:
-    """One rank's part of a record: its generators now and when the epoch began (a
-    mid-epoch point), and its train split's ``state_dict()``."""
+    """One rank's part of a record: its generators now and when the epoch began, the sum
+    of its training losses so far in the epoch (both at a mid-epoch point), and its train
+    split's ``state_dict()``."""
 
     rng: dict[str, Any]  # JSON part of rng.capture()
     rng_tensors: dict[str, torch.Tensor]
     epoch_rng: tuple[dict[str, Any], dict[str, torch.Tensor]] | None = None
     data: Any = None
+    loss_sum: float | None = None  # a float32 (or float16, bfloat16) value: exact as a float
 
 
 def rank_prefix(rank: int) -> str:
@@ -45,6 +50,8 @@ def attach(
         prefix = rank_prefix(rank)
         own: dict[str, torch.Tensor] = {}
         row: dict[str, Any] = {"rng": state.rng, "epoch_rng": None, "data": None}
+        if state.loss_sum is not None:
+            row["loss_sum"] = state.loss_sum
         for k, v in state.rng_tensors.items():
             tensors[f"{prefix}{k}"] = records.to_host(v)
         if state.epoch_rng is not None:
@@ -79,7 +86,10 @@ def view(rec: records.Record, rank: int) -> records.Record:
     meta = dict(rec.meta)
     meta["rng"] = row["rng"]
     if isinstance(meta.get("position"), dict):
-        meta["position"] = {**meta["position"], "epoch_rng": row["epoch_rng"]}
+        own = {"epoch_rng": row["epoch_rng"]}
+        if "loss_sum" in row:  # absent in records written before ranks kept their own
+            own["loss_sum"] = row["loss_sum"]
+        meta["position"] = {**meta["position"], **own}
     meta["data"] = row["data"]
     tensors = {
         k: v for k, v in rec.tensors.items() if not k.startswith("rng/") or k.startswith("rng/rank")

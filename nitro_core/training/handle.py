@@ -31,7 +31,7 @@ from nitro_core.training.checkpointing import CheckpointWriter
 from nitro_core.training.loggers import MutedLogger, choose_logger
 from nitro_core.training.loop import StepHooks, evaluate
 from nitro_core.training.options import check_options
-from nitro_core.training.points import next_epoch, run_epoch
+from nitro_core.training.points import next_epoch, run_epoch, wait_for_writes
 from nitro_core.training.position import Position
 from nitro_core.training.progress import Listener, Progress
 from nitro_core.training.restore import BestRestorer, load_weights, restore_full
@@ -272,6 +272,8 @@ class Nitro:
                     run_epoch(self, hooks, on_epoch)
                     if self.stop_reason is not None:
                         break
+                if self.checkpointer is not None:  # no rank returns before rank 0 committed
+                    wait_for_writes(self, "The end of train()")  # the last record, or its error
             except BaseException:
                 if self._writer is not None:  # the write in flight still commits
                     self._writer.drain(raise_error=False)

@@ -96,11 +96,12 @@ def run_epoch(n: Nitro, hooks: StepHooks, on_point: OnPoint | None) -> None:
 
 def wait_for_writes(n: Nitro, who: str) -> None:
     """Wait for the write in flight and raise its error, on every rank at once (a
-    collective: every rank calls it at every point of a run that checkpoints): records are
-    committed by rank 0 alone (DDP's whole record, FSDP's publish), so only rank 0 sees
-    their errors, and the other ranks, going on, would wait for it in the next collective
-    forever. Every rank says whether its write failed; those whose own did not raise the
-    failed rank's words."""
+    collective: every rank calls it at every point of a run that checkpoints, and at the
+    end of its ``train()``): records are committed by rank 0 alone (DDP's whole record,
+    FSDP's publish), so only rank 0 sees their errors, and the other ranks, going on, would
+    wait for it in the next collective forever (or, past ``train()``, read a manifest that
+    does not list the last record yet). Every rank says whether its write failed; those
+    whose own did not raise the failed rank's words."""
     failed: Exception | None = None
     try:
         if n._writer is not None:  # every FSDP rank, or DDP's rank 0
@@ -139,7 +140,8 @@ def point(n: Nitro, epoch: Epoch, step: int, on_point: OnPoint | None, end: bool
     # validate, then check what is watched (a missing or NaN monitor raises here)
     metrics = n.validate() if n.ranking.has_val else {}
     if metrics:
-        ranking.check_metrics(type(n.experiment).__name__, metrics, n.ranking, epoch.number)
+        name = type(n.experiment).__name__
+        ranking.check_metrics(name, metrics, n.ranking, epoch.number, batch, step)
     n.stop_reason = n._decide_stop(metrics)
     # log, then checkpoint (the record holds the logger's offset after this row)
     row: dict[str, Any] = {"epoch": epoch.number}
@@ -185,11 +187,14 @@ def _rank_states(n: Nitro, epoch: Epoch, batch: int | None) -> list[ranks.RankSt
     data = None
     if batch is not None and position.stateful(split):
         data = held.data if held is not None else split.state_dict()
+    mid_epoch = batch is not None
     mine = ranks.RankState(
         rng=json_state,
         rng_tensors=dict(tensors),
-        epoch_rng=epoch.start_rng if batch is not None else None,
+        epoch_rng=epoch.start_rng if mid_epoch else None,
         data=data,
+        # this rank's running sum: the rest of the epoch's train_loss rows add to it
+        loss_sum=float(epoch.cursor.loss_sum.detach().item()) if mid_epoch else None,
     )
     states: list[ranks.RankState] = n.dist.gather(mine)
     return states

@@ -20,12 +20,14 @@ def torchrun(
     timeout: float = 120,
     env: dict[str, str] | None = None,
     check: bool = True,
+    script: Path = SCRIPT,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the script on ``nproc`` processes (gloo, CPU); fail the test with its output
-    when it fails (unless ``check`` is false)."""
+    """Run ``script`` on ``nproc`` processes (gloo, CPU; ``--standalone``: a free port, so
+    launches never collide); fail the test with its output when it fails (unless ``check``
+    is false)."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={nproc}", str(SCRIPT), *map(str, args),
+        f"--nproc_per_node={nproc}", str(script), *map(str, args),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "default", **(env or {})}
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
