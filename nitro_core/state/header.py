@@ -85,7 +85,8 @@ class RecordHeader(BaseModel):
     ranks: dict[str, Any] | None = Field(
         default=None,
         description="Several processes: {'world': N, 'states': [rank 1's, ...]}, each rank's "
-        "generators (JSON part; tensors under rng/rank<r>/) and data position.",
+        "generators (JSON part; tensors under rng/rank<r>/), data position and, mid-epoch, "
+        "loss_sum (its running training loss sum).",
     )
     training_step: dict[str, Any] | None = Field(
         default=None,

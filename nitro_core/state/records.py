@@ -22,7 +22,7 @@ import torch
 from nitro_core._version import __version__
 from nitro_core.errors import RecordError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the header carries its own digest (store.digest.HEADER_DIGEST_SINCE)
 PREFIXES = ("params/", "buffers/", "optim/", "ema/", "rng/")
 
 

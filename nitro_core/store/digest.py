@@ -33,8 +33,11 @@ offset (:data:`HEADER_SLOT`), so a reader checks it from the header bytes withou
 them, and it covers every header byte (the tensor table too, not only the metadata). A record
 directory's ``header.json`` carries the same ``integrity.header``: the xxh3-128 of its
 canonical JSON (``json.dumps(..., sort_keys=True)``, as it is written) with that value zeroed.
-A header without one (written before it) is not checked this way; a listed record's header is
-checked against the manifest either way.
+A header without one is not checked this way only when it says it was written before header
+digests (``format_version`` 1, or none: :func:`requires_header_digest`); one that claims a later
+format and carries none (its ``integrity`` key renamed or removed, its block moved) is refused,
+so one changed byte cannot turn the check off. A listed record's header is checked against the
+manifest either way.
 
 Records written before: their header carries ``tensor_digest`` (``"sha256-8MiB-blocks:<hex>"``,
 sha256 over the sha256 of each 8 MiB block of the data section) and their manifest entry the
@@ -63,6 +66,22 @@ _PLACEHOLDER = "0" * _HEX
 
 # the bytes that open a record's header: 8-byte length, then this, then the header digest
 HEADER_SLOT = b'{"__metadata__":{"nitro":"{\\"integrity\\":{\\"header\\":\\"'
+# the first record format whose headers carry their own digest (records.FORMAT_VERSION): a
+# header that claims it or a later one and carries none was edited, never written that way
+HEADER_DIGEST_SINCE = 2
+
+
+def requires_header_digest(meta: dict[str, Any]) -> bool:
+    """Whether a record's ``nitro`` metadata claims a format that carries a header digest:
+    any ``format_version`` but none (a foreign safetensors file) or an integer below
+    :data:`HEADER_DIGEST_SINCE` (a record written before header digests)."""
+    version = meta.get("format_version")
+    return not (version is None or (type(version) is int and version < HEADER_DIGEST_SINCE))
+
+
+def is_sealed(head: bytes) -> bool:
+    """Whether a record's first ``8 + N`` bytes open with the header-digest slot."""
+    return head.startswith(HEADER_SLOT, 8)
 
 
 def section_of(name: str) -> str:

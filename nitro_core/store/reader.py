@@ -144,6 +144,21 @@ def check_header(path: Path, head: bytes, expected: str | None = None) -> None:
         )
 
 
+def check_sealed(path: Path, head: bytes, meta: dict[str, Any], expected: str | None) -> None:
+    """Refuse a header that carries no digest of its own although its ``format_version``
+    says it was written with one (:func:`nitro_core.store.digest.requires_header_digest`):
+    its ``integrity`` key was renamed or removed, or the block moved, so :func:`check_header`
+    found nothing to check. A listed record (``expected``) was checked against the manifest."""
+    if expected is None and not digest.is_sealed(head) and digest.requires_header_digest(meta):
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r} is corrupt: its header carries no digest of its own "
+            f"(integrity.header, first in its nitro metadata), yet it says format_version "
+            f"{meta.get('format_version')!r}, written with one (a record written before header "
+            f"digests says {digest.HEADER_DIGEST_SINCE - 1}); the header was edited since. Load "
+            "another checkpoint or restore this file from a backup."
+        )
+
+
 def read_head(fd: int, path: Path, size: int) -> bytes:
     """The file's first ``8 + N`` bytes: the header length and the JSON header."""
     first = os.pread(fd, min(size, _FIRST), 0)
@@ -195,6 +210,7 @@ class RecordFile:
             if not isinstance(meta, dict):
                 raise TypeError("its nitro metadata is not an object")
             self.meta: dict[str, Any] = meta
+            check_sealed(path, self.head, meta, expected)
             entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
             self.tensors: list[Tensor] = []
             position = 0

@@ -53,6 +53,7 @@ from nitro_core.store.claims import (
 from nitro_core.store.reader import (
     RecordFile,
     check_header,
+    check_sealed,
     open_record,
     paused_gc,
     prefetch,
@@ -247,6 +248,7 @@ def read_header(path: Path, expected: str | None = None) -> dict[str, Any]:
             raise TypeError("its nitro metadata is not an object")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise unreadable(path, exc) from None
+    check_sealed(path, head, meta, expected)
     if len(head) + data_bytes > size:
         raise truncated(path, len(head) + data_bytes - size)
     return meta

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -169,6 +170,7 @@ def publish(
 
 def manifest_digest(path: Path) -> str:
     """The manifest's digest of a record directory: the hash of its ``header.json``."""
+    _refuse_odd_header(path)
     try:
         fd = open_nofollow(path / HEADER_NAME, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
@@ -197,9 +199,27 @@ def _no_header(path: Path) -> CheckpointMissing:
     )
 
 
+def _refuse_odd_header(path: Path) -> None:
+    """Refuse a ``header.json`` that is neither a regular file nor a link (a link is refused
+    by the open that follows, a missing one is :func:`_no_header`): a directory or a FIFO
+    (whose open would block), never opened."""
+    try:
+        mode = os.lstat(path / HEADER_NAME).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device)"
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: its {HEADER_NAME} is {kind}, not the file rank 0 "
+            "wrote, so its shards cannot be checked. Load another checkpoint."
+        )
+
+
 def _header(path: Path, expected: str | None) -> dict[str, Any]:
     """``header.json`` parsed and checked: against ``expected`` (the manifest's digest) when
-    the record is listed, else against the digest it carries."""
+    the record is listed, else against the digest it carries (which a header that says it was
+    written with one must carry)."""
+    _refuse_odd_header(path)
     try:
         fd = open_nofollow(path / HEADER_NAME, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
@@ -229,6 +249,13 @@ def _header(path: Path, expected: str | None) -> dict[str, Any]:
             f"{digest.ALGORITHM}:{str(found[0])[:16]}... when it was written (the header was "
             "edited since). Load another checkpoint."
         )
+    if expected is None and found is None and digest.requires_header_digest(header):
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: its {HEADER_NAME} carries no digest of its own "
+            f"(integrity.header), yet it says format_version {header.get('format_version')!r}, "
+            f"written with one (a record written before header digests says "
+            f"{digest.HEADER_DIGEST_SINCE - 1}); it was edited since. Load another checkpoint."
+        )
     return header
 
 
@@ -256,6 +283,14 @@ def verify(path: Path, expected: str | None, part: tuple[int, int] = (0, 1)) -> 
             f"Checkpoint {str(path)!r}: its {HEADER_NAME} lists no shards ('shards' is "
             f"{_clip(shards)}). Load another checkpoint."
         )
+    odd = sorted(name for name in shards if not SHARD_NAME.fullmatch(name))
+    if odd:
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(path)!r}: its {HEADER_NAME} lists the shard {_clip(odd[0])}, "
+            "which is not a shard file name (shard-NNNNN-model-NNNNN-of-NNNNN.safetensors, in "
+            "the record directory itself); the header was edited, or not written by Nitro. "
+            "Load another checkpoint."
+        )
     with os.scandir(path) as it:
         present = {e.name: e for e in it if e.name != HEADER_NAME}
     missing = sorted(set(shards) - set(present))
@@ -273,11 +308,20 @@ def verify(path: Path, expected: str | None, part: tuple[int, int] = (0, 1)) -> 
         )
     for name in sorted(shards):
         if not present[name].is_file(follow_symlinks=False):
-            kind = "a symbolic link" if present[name].is_symlink() else "not a regular file"
+            if present[name].is_symlink():
+                raise CheckpointCorrupt(
+                    f"Checkpoint {str(path)!r}: shard {name!r} is a symbolic link, not the file "
+                    "its rank wrote; Nitro never reads a shard through a link (it could lead "
+                    "outside the run directory). Load another checkpoint."
+                )
+            kind = (
+                "a directory"
+                if present[name].is_dir(follow_symlinks=False)
+                else "not a regular file (a FIFO or a device)"
+            )
             raise CheckpointCorrupt(
                 f"Checkpoint {str(path)!r}: shard {name!r} is {kind}, not the file its rank "
-                "wrote; Nitro never reads a shard through a link (it could lead outside the "
-                "run directory). Load another checkpoint."
+                "wrote. Load another checkpoint."
             )
     rank, world = part
     sections: set[str] = set()

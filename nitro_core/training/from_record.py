@@ -47,7 +47,7 @@ def record_config(source: Any, run_dir: str | Path | None = None) -> RecordConfi
         "experiment_from_record(cls, {src})",
         "experiment_from_record(cls, {src}, run_dir='runs/MyExp')",
     )
-    meta = store.read_header(found.path)
+    meta = store.read_header(found.path, found.entry.expected if found.entry else None)
     config = meta.get("config")
     return RecordConfig(
         path=found.path,

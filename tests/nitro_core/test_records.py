@@ -97,7 +97,7 @@ def test_a_training_record_holds_every_part_under_its_prefix(tmp_path):
         ["0.weight", "0.bias", "1.weight", "1.bias", "4.weight", "4.bias"]
     ]
     assert set(meta["rng"]) == {"python", "numpy"} and meta["logger"]["backend"] == "jsonl"
-    assert meta["framework_version"] == "0.1.0" and meta["format_version"] == 1
+    assert meta["framework_version"] == "0.1.0" and meta["format_version"] == 2
 
 
 def test_checkpoint_info_reads_the_header_only(tmp_path):

@@ -6,12 +6,15 @@ it is in; a directory of run directories run by run; nothing found is said."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+import xxhash
 
 from nitro_core import (
     CheckpointCorrupt,
@@ -181,6 +184,16 @@ def _damage(kind: str, record: Path, tmp_path: Path) -> None:
         _edit_header(record)
     elif kind == "deleted header":
         (record / "header.json").unlink()
+    elif kind == "linked header":
+        shutil.copyfile(record / "header.json", tmp_path / "header.json")  # the same bytes
+        (record / "header.json").unlink()
+        (record / "header.json").symlink_to(tmp_path / "header.json")
+    elif kind == "header is a directory":
+        (record / "header.json").unlink()
+        (record / "header.json").mkdir()
+    elif kind == "shard is a directory":
+        two.unlink()
+        two.mkdir()
     elif kind == "record is a link":
         shutil.copytree(record, tmp_path / "elsewhere")
         shutil.rmtree(record)
@@ -213,6 +226,13 @@ def _problem(kind: str, record: Path, listed: bool) -> str:
         if listed
         else f"{record.name!r} is a directory of shard files without header.json: not a "
         "committed record (deleted header, or a copy that lost it). Load another checkpoint.",
+        "linked header": f"Refusing to open {str(record / 'header.json')!r}: it is a symbolic "
+        "link, and Nitro never follows a link for a file it keeps in a run directory (it could "
+        "lead outside it). Replace the link by the real file, or remove it.",
+        "header is a directory": f"{where}: its header.json is a directory, not the file rank "
+        "0 wrote, so its shards cannot be checked. Load another checkpoint.",
+        "shard is a directory": f"{where}: shard {two!r} is a directory, not the file its rank "
+        "wrote. Load another checkpoint.",
         "record is a link": f"Refusing to open {str(record)!r}: it is a symbolic link, and "
         "Nitro never follows a link for a file it keeps in a run directory (it could lead "
         "outside it). Replace the link by the real file, or remove it.",
@@ -221,7 +241,8 @@ def _problem(kind: str, record: Path, listed: bool) -> str:
 
 DAMAGE = [
     "missing shard", "extra shard", "truncated shard", "flipped shard", "symlinked shard",
-    "swapped shards", "edited header", "deleted header", "record is a link",
+    "swapped shards", "edited header", "deleted header", "linked header",
+    "header is a directory", "shard is a directory", "record is a link",
 ]  # fmt: skip
 
 
@@ -253,15 +274,15 @@ def test_each_damage_to_an_unlisted_record_directory_is_named_by_its_file(sharde
     _damage(kind, unlisted, tmp_path)
     checks = {c.file: c for c in verify(run)}
     if kind == "edited header":  # unlisted: against the digest header.json carries
-        raw = (unlisted / "header.json").read_bytes()
-        recorded = json.loads(raw)["integrity"]["header"]
-        assert checks["copied-out"].problem is not None
-        assert checks["copied-out"].problem.startswith(
-            f"Checkpoint {str(unlisted)!r}: its header.json digests to xxh3-128:"
-        )
-        assert checks["copied-out"].problem.endswith(
-            f", its integrity block recorded xxh3-128:{recorded[:16]}... when it was written "
-            "(the header was edited since). Load another checkpoint."
+        header = json.loads((unlisted / "header.json").read_bytes())
+        recorded = header["integrity"]["header"]
+        zeroed = {**header, "integrity": {**header["integrity"], "header": "0" * 32}}
+        actual = xxhash.xxh3_128(json.dumps(zeroed, sort_keys=True).encode()).hexdigest()
+        assert actual != recorded
+        assert checks["copied-out"].problem == (
+            f"Checkpoint {str(unlisted)!r}: its header.json digests to xxh3-128:{actual[:16]}..., "
+            f"its integrity block recorded xxh3-128:{recorded[:16]}... when it was written (the "
+            "header was edited since). Load another checkpoint."
         )
     else:
         assert checks["copied-out"].problem == _problem(kind, unlisted, listed=False)
@@ -316,6 +337,107 @@ def test_an_edited_header_of_a_record_no_manifest_lists_is_refused(run):
             call()
         assert str(exc.value) == expected, name
     assert {c.file: c.problem for c in verify(run)}["avg.safetensors"] == expected
+
+
+def _unsealed(path: Path) -> str:
+    return (
+        f"Checkpoint {str(path)!r} is corrupt: its header carries no digest of its own "
+        "(integrity.header, first in its nitro metadata), yet it says format_version 2, "
+        "written with one (a record written before header digests says 1); the header was "
+        "edited since. Load another checkpoint or restore this file from a backup."
+    )
+
+
+@pytest.mark.parametrize("how", ["key renamed", "block removed"])
+def test_a_header_that_claims_its_own_digest_and_carries_none_is_refused(run, how):
+    from safetensors.torch import save_file
+
+    path = run / "avg.safetensors"
+    average_checkpoints(run, "latest => Average(Last(2))", save=path)
+    if how == "key renamed":  # one byte: "integrity" -> "integritx", still JSON
+        raw = bytearray(path.read_bytes())
+        raw[raw.index(b"integrity") + 8] = ord("x")
+        raw[-1] ^= 0x01  # and a tensor byte, which no section digest would check any more
+        path.write_bytes(bytes(raw))
+    else:  # the block removed: the header rewritten without it
+        tensors, meta = store.read_record(path)
+        del meta["integrity"]
+        save_file(tensors, str(path), metadata={"nitro": json.dumps(meta)})
+    for name, call in {
+        "checkpoint_info": lambda: checkpoint_info(path),
+        "read_record": lambda: store.read_record(path),
+        "weights": lambda: Nitro(KeepLast(), run_dir=run.parent / "other", weights=str(path)),
+    }.items():
+        with pytest.raises(CheckpointCorrupt) as exc:
+            call()
+        assert str(exc.value) == _unsealed(path), name
+    assert {c.file: c.problem for c in verify(run)}["avg.safetensors"] == _unsealed(path)
+
+
+def test_a_header_json_that_claims_its_own_digest_and_carries_none_is_refused(sharded):
+    run, (_, second) = sharded
+    unlisted = run / "copied-out"
+    shutil.copytree(second, unlisted)
+    header = json.loads((unlisted / "header.json").read_bytes())
+    del header["integrity"]
+    header["epoch"] = 7  # an edit its own digest would have told
+    assert header["format_version"] == 2
+    (unlisted / "header.json").write_bytes(json.dumps(header, sort_keys=True).encode())
+    expected = (
+        f"Checkpoint {str(unlisted)!r}: its header.json carries no digest of its own "
+        "(integrity.header), yet it says format_version 2, written with one (a record written "
+        "before header digests says 1); it was edited since. Load another checkpoint."
+    )
+    assert {c.file: c.problem for c in verify(run)}["copied-out"] == expected
+    with pytest.raises(CheckpointCorrupt) as exc:
+        store.read_header(unlisted)
+    assert str(exc.value) == expected
+    header["format_version"] = 1  # a record directory written before header digests: read
+    (unlisted / "header.json").write_bytes(json.dumps(header, sort_keys=True).encode())
+    (check,) = verify(unlisted)
+    assert (check.ok, check.problem) == (True, None)
+
+
+@pytest.mark.parametrize(
+    "odd", ["../shard-00002-model-00001-of-00001.safetensors", "/etc/passwd", "sub/x.safetensors"]
+)
+def test_a_header_json_listing_a_shard_outside_its_directory_is_refused_by_that_name(sharded, odd):
+    from nitro_core.store import digest
+
+    run, (_, second) = sharded
+    unlisted = run / "copied-out"
+    shutil.copytree(second, unlisted)
+    header = json.loads((unlisted / "header.json").read_bytes())
+    del header["integrity"]
+    header["shards"][odd] = header["shards"].pop(_shard(unlisted, 2).name)
+    (unlisted / "header.json").write_bytes(digest.sealed_json_header(header))  # its digest fits
+    assert {c.file: c.problem for c in verify(run)}["copied-out"] == (
+        f"Checkpoint {str(unlisted)!r}: its header.json lists the shard {odd!r}, which is not a "
+        "shard file name (shard-NNNNN-model-NNNNN-of-NNNNN.safetensors, in the record directory "
+        "itself); the header was edited, or not written by Nitro. Load another checkpoint."
+    )
+
+
+def test_a_header_json_that_is_a_fifo_is_refused_never_opened(sharded):
+    run, (_, second) = sharded
+    header = second / "header.json"
+    header.unlink()
+    os.mkfifo(header)
+    # a writer, so that a reader's open of the FIFO returns (a regression fails, never hangs)
+    writer = threading.Thread(target=lambda: os.close(os.open(header, os.O_WRONLY)), daemon=True)
+    writer.start()
+    try:
+        checks = {c.file: c.problem for c in verify(run)}
+    finally:
+        release = os.open(header, os.O_RDONLY | os.O_NONBLOCK)  # held: the writer's open returns
+        writer.join(timeout=60)
+        os.close(release)
+    assert checks[second.name] == (
+        f"Checkpoint {str(second)!r}: its header.json is not a regular file (a FIFO or a "
+        "device), not the file rank 0 wrote, so its shards cannot be checked. Load another "
+        "checkpoint."
+    )
+    assert not writer.is_alive()
 
 
 # -- directories holding run directories, and nothing found ------------------------------------
