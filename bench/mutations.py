@@ -24,6 +24,11 @@ could not run the selection: a usage or import error, or an interrupt).
     python bench/mutations.py --check      # which rows no longer apply (runs no test)
     python bench/mutations.py --only retention-ranks-min --only 'epochs-*'
     python bench/mutations.py --only retention-ranks-min --extra-test my_test.py:tests/nitro_core/test_new.py
+    python bench/mutations.py --suite --only 'journal-*'   # against the whole fast suite
+
+With ``--suite`` each mutation runs the whole default suite (``-m "not slow"``, stopping at the
+first failure) instead of the row's named tests: the kill rate then says whether any fast test
+guards the row, not only the one it names.
 
 Exit status: 1 when a required mutation (one issue 8 names) is not killed (it survived,
 or is stale, baseline or error), 130 when interrupted, else 0.
@@ -50,6 +55,7 @@ REPO = Path(__file__).resolve().parent.parent
 TABLE = Path(__file__).resolve().with_suffix(".toml")
 SKIP_DIRS = {".git", ".venv", "runs", ".nitro", "__pycache__", ".pytest_cache", ".hypothesis"}
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+SUITE = ("-m", "not slow")  # --suite: the default suite, as the README runs it
 
 
 @dataclass(frozen=True)
@@ -271,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="only report stale rows (no tests run)"
     )
     parser.add_argument("-j", type=int, default=1, help="mutations run at once (default 1)")
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per pytest run")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds per pytest run (180; 900 with --suite)"
+    )
     parser.add_argument(
         "--extra-test",
         action="append",
@@ -283,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--no-baseline", action="store_true", help="skip the unmutated run of the selected tests"
+    )
+    parser.add_argument(
+        "--suite",
+        action="store_true",
+        help="run the whole default suite (-m 'not slow') for each mutation, not its named tests",
     )
     args = parser.parse_args(argv)
 
@@ -324,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         # one snapshot of the tree for the whole run: others may edit it meanwhile
         snapshot, files = take_snapshot(Path(holder.name) / "repo", args.extra_test)
         check_isolation(snapshot)
+        if args.suite:
+            selected = [replace(m, tests=SUITE) for m in selected]
+        if args.timeout is None:
+            args.timeout = 900.0 if args.suite else 180.0
         if extra := [dest for _, dest in args.extra_test]:
             selected = [replace(m, tests=(*m.tests, *extra)) for m in selected]
         broken = [] if args.no_baseline else run_baseline(selected, snapshot, files, args.timeout)
