@@ -12,11 +12,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nitro_core.policy.selectors import Best, Checkpointer, Mode, pick, ranked
+from nitro_core.policy.ranked import Pair as Pair
+from nitro_core.policy.ranked import ranked
+from nitro_core.policy.selectors import Checkpointer
 from nitro_core.sources.grammar import parse_keep
 from nitro_core.store.manifest import ManifestEntry
-
-Pair = tuple[str | None, Mode | None]
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,8 @@ def keep_reasons(
     order = {id(e): i + 1 for i, e in enumerate(ranked(pool, mode))}
     reasons: dict[str, list[str]] = {}
     for sel in ckpt.keep:
-        for e in pick(sel, pool, mode):
-            why = (
-                f"{sel}: #{order[id(e)]} by {metric} ({mode})"
-                if isinstance(sel, Best)
-                else str(sel)
-            )
-            reasons.setdefault(e.file, []).append(why)
+        for e in sel.pick(pool, mode):
+            reasons.setdefault(e.file, []).append(sel.why(order.get(id(e)), (metric, mode)))
     return reasons
 
 

@@ -3,60 +3,116 @@ them, and :func:`pick`, the pure function that says which entries a selector cho
 
 Selectors choose among manifest entries given oldest first. The same selectors name what to
 keep while training and what to load or average afterwards (``Best(k, among=...)`` is for
-loading only).
+loading only). Each selector class carries its whole meaning, as orbax's preservation
+policies each carry ``should_preserve``: which entries it keeps (retention), which points of a
+run's history an ``Average`` of it names (source selection), which epochs it keeps whatever
+the scores and whether a keep holds what it names (``restore_best``'s setup check), how many
+points a run can pass for it, and how it describes itself in messages. Retention,
+``sources.selection`` and the setup check only ask the selector, so a new selector is one
+subclass of :class:`Selector`.
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import functools
-import heapq
-import itertools
-import math
 import re
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, TypeGuard, TypeVar, Union, cast
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from nitro_core.errors import ConfigError, NitroDeprecationWarning
+from nitro_core.policy.bounds import MAX_COUNT as MAX_COUNT
+from nitro_core.policy.bounds import MAX_EPOCHS as MAX_EPOCHS
+from nitro_core.policy.bounds import epochs_spec, positive
+from nitro_core.policy.ranked import Mode as Mode
+from nitro_core.policy.ranked import Pair as Pair
+from nitro_core.policy.ranked import ranked as ranked
 
 if TYPE_CHECKING:
-    from nitro_core.store.manifest import ManifestEntry
+    from nitro_core.store.manifest import ManifestEntry, Point
 
-Mode = Literal["min", "max"]
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.+\-]+")  # metric names and prefixes land in file names
 Scope = Literal["run", "dir"]
 
 
-MAX_EPOCHS = 1_000_000  # the largest epoch number a selector names (what a run can hold)
-MAX_COUNT = 100_000  # the most records a selector counts (Best k, Last k, an Epochs set)
+class Selector(ABC):
+    """What every selector carries. Entries and points are given oldest first; ``last_epoch``
+    is the epoch a run ends at; ``mid_epoch`` says whether epochs hold mid-epoch points too
+    (``Checkpointer(every_steps=N)``), so that a count of points is not a count of epochs."""
 
+    ranks: ClassVar[bool] = False  # needs scores (an Average then takes the best's state)
 
-def _positive(kind: str, name: str, value: object, limit: int = MAX_COUNT) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{kind}({value!r}): {name} must be a positive integer; write {kind}(3).")
-    if value > limit:
-        raise ConfigError(
-            f"{kind}({value}): {name} is at most {limit} ({_LIMIT_REASON[limit]}); write {kind}(3)."
-        )
+    @property
+    def keeps_best(self) -> int:
+        """How many of the best-scored entries it keeps (0: it does not rank)."""
+        return 0
 
+    @property
+    def keeps_last(self) -> int:
+        """How many of the latest points it keeps, mid-epoch points included (0: none)."""
+        return 0
 
-_LIMIT_REASON = {
-    MAX_COUNT: "the most records a selector picks",
-    MAX_EPOCHS: "a run holds at most that many epochs",
-}
+    @abstractmethod
+    def pick(self, entries: Sequence[ManifestEntry], mode: Mode | None) -> list[ManifestEntry]:
+        """Retention: the entries it keeps, in their order."""
+
+    def why(self, rank: int | None, pair: Pair) -> str:
+        """Why it keeps an entry (``rank``: the entry's place by score, when it has one)."""
+        return str(self)
+
+    def check_keep(self) -> None:
+        """Refuse being a training keep (``Checkpointer(keep=...)``) when it cannot be one."""
+        return None  # every selector but Best(k, among=...) can be
+
+    @abstractmethod
+    def keeps_epoch(self, epoch: int, last_epoch: int, mid_epoch: bool) -> bool:
+        """As part of a keep: whether it still holds ``epoch``'s end record after
+        ``last_epoch``, whatever the scores."""
+
+    @abstractmethod
+    def name(self, points: Sequence[Point], pair: Pair) -> tuple[list[Point], str]:
+        """Source selection: (the points of a run's history it names, '' or why the history
+        is too short for it); ``pair`` is the ranking pair."""
+
+    @abstractmethod
+    def epochs_named(self, last_epoch: int) -> Sequence[int]:
+        """The epochs it can name in a run of ``last_epoch`` epochs of epoch ends only."""
+
+    def held_by(self, keep: Sequence[Selector], last_epoch: int, mid_epoch: bool) -> bool:
+        """Whether ``keep`` still holds, after ``last_epoch``, every point it will name for any
+        scores the run may see: by default, each epoch end it can name is kept surely."""
+        return holds_epochs(keep, self.epochs_named(last_epoch), last_epoch, mid_epoch)
+
+    @abstractmethod
+    def most_points(self, max_epochs: int, mid_epoch: bool) -> int | None:
+        """The most points it can name in a run of ``max_epochs`` epochs (None: no bound)."""
+
+    def reach(self, max_epochs: int, mid_epoch: bool) -> tuple[str, str]:
+        """('', '') when a run of ``max_epochs`` epochs can pass every point it needs;
+        otherwise why it cannot and what to write instead."""
+        return "", ""
+
+    def keep_for(self) -> str:
+        """The keep selector that holds what it names, for 'keep them: ...' advice."""
+        return str(self)
 
 
 @dataclass(frozen=True)
-class Best:
+class Best(Selector):
     """The ``k`` best-scored entries under the monitor, optionally only among ``among``'s picks."""
 
     k: int
     among: Selector | None = None
 
+    ranks: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
-        _positive("Best", "k", self.k)
-        if self.among is not None and not isinstance(self.among, SELECTOR_TYPES):
+        positive("Best", "k", self.k)
+        if self.among is not None and not isinstance(self.among, Selector):
             raise ConfigError(
                 f"Best({self.k}, among={self.among!r}): among must be a selector; "
                 f"write Best({self.k}, among=Last(20))."
@@ -65,35 +121,169 @@ class Best:
     def __str__(self) -> str:
         return f"Best({self.k})" if self.among is None else f"Best({self.k}; among={self.among})"
 
+    @property
+    def keeps_best(self) -> int:
+        return self.k
+
+    def pick(self, entries: Sequence[ManifestEntry], mode: Mode | None) -> list[ManifestEntry]:
+        """Finite scores only, ranked by ``mode``; ties keep the earlier entry, so a new
+        record must be strictly better to displace one already kept."""
+        pool = entries if self.among is None else self.among.pick(entries, mode)
+        chosen = set(map(id, ranked(pool, mode, self.k)))
+        return [e for e in entries if id(e) in chosen]
+
+    def why(self, rank: int | None, pair: Pair) -> str:
+        metric, mode = pair
+        return f"{self}: #{rank} by {metric} ({mode})"
+
+    def check_keep(self) -> None:
+        if self.among is not None:
+            raise ConfigError(
+                f"Checkpointer(keep={self}): among is for loading only; while training "
+                f"keep both instead: keep=(Best({self.k}), {self.among})."
+            )
+
+    def keeps_epoch(self, epoch: int, last_epoch: int, mid_epoch: bool) -> bool:
+        return False  # which epochs rank best depends on the scores
+
+    def name(self, points: Sequence[Point], pair: Pair) -> tuple[list[Point], str]:
+        """Its ``k`` best ever scored under ``pair`` (``among=`` first narrows the history)."""
+        among, short = (list(points), "") if self.among is None else self.among.name(points, pair)
+        if short:
+            return [], short
+        scored = [p for p in among if p.pair == pair and p.score is not None]
+        if len(scored) < self.k:
+            metric, mode = pair
+            return scored, (
+                f"{self} needs {self.k} points scored by {metric} ({mode}){self._where} and the "
+                f"run has {len(scored)}"
+            )
+        best = {id(p) for p in ranked(scored, mode=pair[1], k=self.k)}
+        return [p for p in scored if id(p) in best], ""
+
+    def epochs_named(self, last_epoch: int) -> Sequence[int]:
+        return (
+            range(1, last_epoch + 1) if self.among is None else self.among.epochs_named(last_epoch)
+        )
+
+    def held_by(self, keep: Sequence[Selector], last_epoch: int, mid_epoch: bool) -> bool:
+        """Held by a ``Best`` as large, or (with ``among``) wherever its ``among`` is held; with
+        epoch ends only, also by a keep that surely holds every epoch it can name."""
+        if mid_epoch and self.among is not None:
+            return self.among.held_by(keep, last_epoch, mid_epoch)
+        if self.among is None and any(s.keeps_best >= self.k for s in keep):
+            return True
+        return not mid_epoch and super().held_by(keep, last_epoch, mid_epoch)
+
+    def most_points(self, max_epochs: int, mid_epoch: bool) -> int | None:
+        if self.among is not None:  # at most what its among names
+            return self.among.most_points(max_epochs, mid_epoch)
+        return None if mid_epoch else max_epochs
+
+    def reach(self, max_epochs: int, mid_epoch: bool) -> tuple[str, str]:
+        if self.among is not None:
+            short, fix = self.among.reach(max_epochs, mid_epoch)
+            if short:
+                return short, fix
+        return _too_few(self, f"scored points{self._where}", max_epochs, mid_epoch)
+
+    def keep_for(self) -> str:
+        return str(self) if self.among is None else str(self.among)
+
+    @property
+    def _where(self) -> str:
+        return "" if self.among is None else f" among {self.among}"
+
 
 @dataclass(frozen=True)
-class Last:
+class Last(Selector):
     """The ``k`` most recently written entries."""
 
     k: int
 
     def __post_init__(self) -> None:
-        _positive("Last", "k", self.k)
+        positive("Last", "k", self.k)
 
     def __str__(self) -> str:
         return f"Last({self.k})"
 
+    @property
+    def keeps_last(self) -> int:
+        return self.k
+
+    def pick(self, entries: Sequence[ManifestEntry], mode: Mode | None) -> list[ManifestEntry]:
+        """The latest entries, whatever their place in an epoch."""
+        return list(entries[-self.k :])
+
+    def keeps_epoch(self, epoch: int, last_epoch: int, mid_epoch: bool) -> bool:
+        # with mid-epoch points the last k points may hold no given epoch's end
+        return not mid_epoch and epoch > last_epoch - self.k
+
+    def name(self, points: Sequence[Point], pair: Pair) -> tuple[list[Point], str]:
+        """The run's last ``k`` points."""
+        if len(points) < self.k:
+            return list(points), f"{self} needs {self.k} points and the run passed {len(points)}"
+        return list(points[-self.k :]), ""
+
+    def epochs_named(self, last_epoch: int) -> Sequence[int]:
+        return range(max(1, last_epoch - self.k + 1), last_epoch + 1)
+
+    def held_by(self, keep: Sequence[Selector], last_epoch: int, mid_epoch: bool) -> bool:
+        """With mid-epoch points, only the last ``k`` points are held: by a ``Last`` as large."""
+        if mid_epoch:
+            return any(s.keeps_last >= self.k for s in keep)
+        return super().held_by(keep, last_epoch, mid_epoch)
+
+    def most_points(self, max_epochs: int, mid_epoch: bool) -> int | None:
+        return self.k if mid_epoch else min(self.k, max_epochs)
+
+    def reach(self, max_epochs: int, mid_epoch: bool) -> tuple[str, str]:
+        return _too_few(self, "points", max_epochs, mid_epoch)
+
 
 @dataclass(frozen=True)
-class Every:
+class Every(Selector):
     """Epoch-end entries whose epoch is a multiple of ``n`` (mid-epoch records never)."""
 
     n: int
 
     def __post_init__(self) -> None:
-        _positive("Every", "n", self.n, MAX_EPOCHS)
+        positive("Every", "n", self.n, MAX_EPOCHS)
 
     def __str__(self) -> str:
         return f"Every({self.n})"
 
+    def pick(self, entries: Sequence[ManifestEntry], mode: Mode | None) -> list[ManifestEntry]:
+        return [e for e in entries if e.batch is None and e.epoch % self.n == 0]
+
+    def keeps_epoch(self, epoch: int, last_epoch: int, mid_epoch: bool) -> bool:
+        return epoch % self.n == 0
+
+    def name(self, points: Sequence[Point], pair: Pair) -> tuple[list[Point], str]:
+        named = [p for p in points if p.batch is None and p.epoch % self.n == 0]
+        last = points[-1].epoch if points else 0
+        short = "" if named else f"{self} names no epoch the run reached (it ended at epoch {last})"
+        return named, short
+
+    def epochs_named(self, last_epoch: int) -> Sequence[int]:
+        return range(self.n, last_epoch + 1, self.n)
+
+    def most_points(self, max_epochs: int, mid_epoch: bool) -> int | None:
+        return max_epochs // self.n
+
+    def reach(self, max_epochs: int, mid_epoch: bool) -> tuple[str, str]:
+        if self.n <= max_epochs:
+            return "", ""
+        return (
+            f"{self} names every {self.n}th epoch end and a run of max_epochs={max_epochs} "
+            "reaches none",
+            f"Write restore_best=Average(Every({max_epochs})) or train for {self.n} epochs "
+            f"(max_epochs={self.n})",
+        )
+
 
 @dataclass(frozen=True, init=False)
-class Epochs:
+class Epochs(Selector):
     """Specific epochs' end records: ``Epochs(5)``, ``Epochs(range(3, 8))`` or
     ``Epochs([2, 4, 6])`` (mid-epoch records never).
 
@@ -107,7 +297,7 @@ class Epochs:
     _lookup: range | frozenset[int] = field(compare=False, repr=False)
 
     def __init__(self, spec: int | range | Iterable[int]) -> None:
-        epochs, text = _epochs(spec)
+        epochs, text = epochs_spec(spec)
         if epochs[-1] - epochs[0] + 1 == len(epochs):
             epochs = range(epochs[0], epochs[-1] + 1)  # consecutive: equal to the same range
         object.__setattr__(self, "epochs", epochs)
@@ -121,117 +311,75 @@ class Epochs:
     def __str__(self) -> str:
         return f"Epochs({self.text})"
 
+    def pick(self, entries: Sequence[ManifestEntry], mode: Mode | None) -> list[ManifestEntry]:
+        return [e for e in entries if e.batch is None and e.epoch in self]
 
-def _epochs(spec: object) -> tuple[range | tuple[int, ...], str]:
-    """The sorted epochs ``spec`` names and their text, refusing what no run can hold."""
-    hint = "write Epochs(5), Epochs(range(3, 8)) or Epochs([2, 4, 6])."
-    if isinstance(spec, range) and spec.step == 1 and len(spec) > 0:
-        epochs: range | tuple[int, ...] = spec
-        text = f"{spec.start}:{spec.stop - 1}"
-    elif isinstance(spec, int) and not isinstance(spec, bool):
-        epochs, text = range(spec, spec + 1), str(spec)
-    else:
-        values = tuple(itertools.islice(spec, MAX_COUNT + 1)) if _iterable(spec) else (spec,)
-        if len(values) > MAX_COUNT:
-            raise ConfigError(
-                f"Epochs(...) names more than {MAX_COUNT} epochs; a selector picks at most "
-                f"{MAX_COUNT} records. Write a range, e.g. Epochs(range(1, {MAX_COUNT + 1}))."
-            )
-        numbers = [e for e in values if isinstance(e, int) and not isinstance(e, bool)]
-        if not values or len(numbers) != len(values):
-            raise ConfigError(f"Epochs({_short(repr(spec))}): give positive epoch numbers; {hint}")
-        epochs = tuple(sorted(set(numbers)))
-        text = "[" + ", ".join(map(str, values)) + "]"
-    if not epochs or epochs[0] < 1:
-        raise ConfigError(f"Epochs({_short(repr(spec))}): give positive epoch numbers; {hint}")
-    if epochs[-1] > MAX_EPOCHS:
-        raise ConfigError(
-            f"Epochs({_short(text)}) names epoch {epochs[-1]}; a run holds at most {MAX_EPOCHS} "
-            f"epochs. Name epochs from 1 to {MAX_EPOCHS}; {hint}"
+    def keeps_epoch(self, epoch: int, last_epoch: int, mid_epoch: bool) -> bool:
+        return epoch in self
+
+    def name(self, points: Sequence[Point], pair: Pair) -> tuple[list[Point], str]:
+        last = points[-1].epoch if points else 0
+        named = [p for p in points if p.batch is None and p.epoch in self]  # a range: arithmetic
+        beyond = self.epochs[bisect.bisect_right(self.epochs, last) :]
+        short = (
+            f"{self} names epochs the run never reached ({listed(beyond)}; it ended at epoch "
+            f"{last})"
+            if beyond
+            else ""
         )
-    if len(epochs) > MAX_COUNT:
-        raise ConfigError(
-            f"Epochs({_short(text)}) names {len(epochs)} epochs; a selector picks at most {MAX_COUNT} "
-            f"records. Name fewer, e.g. Epochs({epochs[0]}:{epochs[0] + MAX_COUNT - 1})."
+        return named, short
+
+    def epochs_named(self, last_epoch: int) -> Sequence[int]:
+        return self.epochs[: bisect.bisect_right(self.epochs, last_epoch)]
+
+    def most_points(self, max_epochs: int, mid_epoch: bool) -> int | None:
+        return len(self.epochs_named(max_epochs))
+
+    def reach(self, max_epochs: int, mid_epoch: bool) -> tuple[str, str]:
+        beyond = self.epochs[bisect.bisect_right(self.epochs, max_epochs) :]
+        if not beyond:
+            return "", ""
+        last = beyond[-1]
+        return (
+            f"{self} names epochs past max_epochs={max_epochs} ({listed(beyond)})",
+            f"Name epochs up to {max_epochs} in Epochs(...), or train for {last} epochs "
+            f"(max_epochs={last})",
         )
-    return epochs, text
 
 
-def _iterable(value: object) -> TypeGuard[Iterable[object]]:
-    return isinstance(value, Iterable) and not isinstance(value, str | bytes)
+def holds_epochs(
+    keep: Sequence[Selector], epochs: Sequence[int], last_epoch: int, mid_epoch: bool
+) -> bool:
+    """Whether ``keep`` keeps each of ``epochs``' end records whatever the scores."""
+    return all(any(s.keeps_epoch(e, last_epoch, mid_epoch) for s in keep) for e in epochs)
 
 
-def _short(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _too_few(sel: Best | Last, what: str, max_epochs: int, mid_epoch: bool) -> tuple[str, str]:
+    """``reach`` of a selector counting ``k`` points when a run passes fewer."""
+    most = sel.most_points(max_epochs, mid_epoch)
+    if most is None or sel.k <= most:
+        return "", ""
+    longer = f" or train for {sel.k} epochs (max_epochs={sel.k})" if most == max_epochs else ""
+    fewer = f"Write restore_best=Average({dataclasses.replace(sel, k=most)}){longer}"
+    return (
+        f"{sel} needs {sel.k} {what} and a run of max_epochs={max_epochs} passes at most "
+        f"{most} (one per epoch end)",
+        fewer if most > 0 else f"Train for {sel.k} epochs",
+    )
 
 
-Selector = Union[Best, Last, Every, Epochs]  # noqa: UP007 - used at runtime by isinstance
-SELECTOR_TYPES = (Best, Last, Every, Epochs)
+def listed(items: Sequence[object], limit: int = 8) -> str:
+    """'6, 7' or '1, 2, ... 8 and 3 more': a bounded list for messages."""
+    shown = ", ".join(map(str, items[:limit]))
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def pick(
     selector: Selector, entries: Sequence[ManifestEntry], mode: Mode | None
 ) -> list[ManifestEntry]:
-    """The entries ``selector`` chooses from ``entries`` (oldest first), in their order.
-
-    ``Last`` takes the latest entries whatever their place in an epoch; ``Every`` and
-    ``Epochs`` take epoch-end entries only (``batch`` None). ``Best`` ranks finite scores
-    only, by ``mode``; ties keep the earlier entry, so a new record must be strictly better
-    to displace one already kept.
-    """
-    if isinstance(selector, Last):
-        return list(entries[-selector.k :])
-    if isinstance(selector, Every):
-        return [e for e in entries if e.batch is None and e.epoch % selector.n == 0]
-    if isinstance(selector, Epochs):
-        return [e for e in entries if e.batch is None and e.epoch in selector]
-    pool = entries if selector.among is None else pick(selector.among, entries, mode)
-    chosen = set(map(id, ranked(pool, mode, selector.k)))
-    return [e for e in entries if id(e) in chosen]
-
-
-class Scored(Protocol):
-    """What :func:`ranked` ranks: a manifest entry or a run's point."""
-
-    @property
-    def score(self) -> float | None: ...
-
-
-_S = TypeVar("_S", bound=Scored)
-
-
-def ranked(entries: Sequence[_S], mode: Mode | None, k: int | None = None) -> list[_S]:
-    """Scored entries, best first (only the best ``k`` when given, without a full sort);
-    ties keep the earlier entry first. An unknown mode ranks nothing."""
-    if mode is None:
-        return []
-    scores = [e.score for e in entries]
-    try:  # the common case, every score finite: rank them all, no filtering pass
-        every = math.isfinite(math.fsum(scores))  # type: ignore[arg-type]
-    except TypeError:  # an entry without a score
-        every = False
-    kept = range(len(scores)) if every else [
-        i for i, v in enumerate(scores) if v is not None and math.isfinite(v)
-    ]  # fmt: skip
-    keys = cast(list[float], [scores[i] for i in kept] if not every else scores)  # no None left
-    if mode == "max":
-        keys = [-v for v in keys]
-    key: Callable[[int], float] = keys.__getitem__
-    # floats compared directly (no tuple per entry), and a stable order keeps ties by index
-    if k is not None:
-        order: Sequence[int] = heapq.nsmallest(k, range(len(kept)), key=key)
-    elif len(keys) > _SORT_IN_NUMPY:
-        import numpy as np  # numpy's stable sort of a float array: a long ranking's cost
-
-        order = np.argsort(np.asarray(keys, dtype=np.float64), kind="stable").tolist()
-    else:
-        order = sorted(range(len(kept)), key=key)
-    if not every:
-        order = list(map(kept.__getitem__, order))
-    return list(map(entries.__getitem__, order))
-
-
-_SORT_IN_NUMPY = 4096  # scored entries past which a full ranking sorts in numpy
+    """The entries ``selector`` chooses from ``entries`` (oldest first), in their order: see
+    each selector's ``pick``."""
+    return selector.pick(entries, mode)
 
 
 @dataclass(frozen=True, init=False)
@@ -291,16 +439,12 @@ class Checkpointer:
                 "return None from checkpointer() to write no checkpoints."
             )
         for sel in self.keep:
-            if not isinstance(sel, SELECTOR_TYPES):
+            if not isinstance(sel, Selector):
                 raise ConfigError(
                     f"Checkpointer(keep=...) got {sel!r}, which is not a selector; write "
                     "Best(k), Last(k), Every(n) or Epochs(...), e.g. keep=(Best(3), Last(1))."
                 )
-            if isinstance(sel, Best) and sel.among is not None:
-                raise ConfigError(
-                    f"Checkpointer(keep={sel}): among is for loading only; while training "
-                    f"keep both instead: keep=(Best({sel.k}), {sel.among})."
-                )
+            sel.check_keep()
         if (self.metric is None) != (self.mode is None):
             given = f"metric={self.metric!r}" if self.mode is None else f"mode={self.mode!r}"
             raise ConfigError(
@@ -334,21 +478,22 @@ class Checkpointer:
     @property
     def ranks(self) -> bool:
         """Whether some selector needs scores."""
-        return any(isinstance(s, Best) for s in self.keep)
+        return any(s.ranks for s in self.keep)
 
     @property
     def best_only(self) -> bool:
-        return all(isinstance(s, Best) for s in self.keep)
+        """Whether every selector needs scores (an unscored epoch is never kept)."""
+        return all(s.ranks for s in self.keep)
 
     @property
     def k(self) -> int:
         """The largest ``Best`` k (``TopKCheckpointer``'s ``k``)."""
-        return max((s.k for s in self.keep if isinstance(s, Best)), default=0)
+        return max((s.keeps_best for s in self.keep), default=0)
 
     @property
     def keep_latest(self) -> int:
         """The largest ``Last`` k (``TopKCheckpointer``'s ``keep_latest``)."""
-        return max((s.k for s in self.keep if isinstance(s, Last)), default=0)
+        return max((s.keeps_last for s in self.keep), default=0)
 
     def __str__(self) -> str:
         return "(" + ", ".join(map(str, self.keep)) + ")"

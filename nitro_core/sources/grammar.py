@@ -78,7 +78,7 @@ class Average:
     state: Literal["best", "latest"] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.selector, Best | Last | Every | Epochs):
+        if not isinstance(self.selector, Selector):
             raise ConfigError(
                 f"Average({self.selector!r}): give a selector, e.g. Average(Last(10)) or "
                 "Average(Best(5, among=Last(20)))."

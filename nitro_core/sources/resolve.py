@@ -17,8 +17,8 @@ from typing import Any
 
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroWarning
 from nitro_core.policy import retention
+from nitro_core.policy.ranked import ranked
 from nitro_core.policy.retention import Pair as ScorePair
-from nitro_core.policy.selectors import Best, ranked
 from nitro_core.sources import selection
 from nitro_core.sources.grammar import Average, Pair, PathSource, Source, to_source
 from nitro_core.store import manifest, shards
@@ -106,7 +106,7 @@ def resolve_average(
     if chosen.shortfall or chosen.gone or not chosen.picked:
         raise CheckpointNotFound(_refusal(source, run_dir, pool, chosen))
     picked = list(chosen.picked)
-    if avg.state == "best" or (avg.state is None and isinstance(avg.selector, Best)):
+    if avg.state == "best" or (avg.state is None and avg.selector.ranks):
         best = ranked([e for e in picked if e.pair == pair], pair[1])
         state = best[0] if best else picked[-1]
     else:
@@ -134,7 +134,7 @@ def _refusal(
     return head + (
         f"{avg.selector} names {named} of run {pool[0].run}, which kept {kept}"
         f"{under}; it no longer holds {gone}. Keep them while training: "
-        f"Checkpointer(keep=({base}, {selection.keep_for(avg.selector)}))."
+        f"Checkpointer(keep=({base}, {avg.selector.keep_for()}))."
     )
 
 

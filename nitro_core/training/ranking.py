@@ -17,7 +17,7 @@ from typing import Any
 from nitro_core.errors import ConfigError, MonitorError, NitroWarning
 from nitro_core.experiment import Experiment, defines
 from nitro_core.policy import retention
-from nitro_core.policy.selectors import NAME_PATTERN, Checkpointer, Last, Mode
+from nitro_core.policy.selectors import NAME_PATTERN, Checkpointer, Mode
 from nitro_core.store.manifest import ManifestEntry
 
 
@@ -101,7 +101,7 @@ def resolve(
                 f"{name} uses {' and '.join(watchers)}, which watch the validation monitor, but "
                 "build_data() has no 'val' split. Add a 'val' split or remove them."
             )
-    if ckpt is not None and not any(isinstance(s, Last) for s in ckpt.keep) and not ckpt.best_only:
+    if ckpt is not None and not ckpt.keep_latest and not ckpt.best_only:
         warnings.warn(
             f"keep={ckpt} has no Last, so an epoch is written only when a selector keeps it: the "
             "state training ends in is saved only if one does, resume='auto' continues from the "
