@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from nitro_core.errors import UnsafePath
 from nitro_core.jobs.files import TERMINAL, WHERE, JobKind, JobState, JobStatus, locked
-from nitro_core.store import recordio as store
+from nitro_core.store.atomic import Replace
 from nitro_core.store.safeio import open_nofollow
 
 log = logging.getLogger(__name__)
@@ -166,7 +166,7 @@ class JobIndex:
         body = b"".join(row.model_dump_json().encode() + b"\n" for row in rows)
         try:
             with locked(self.path.parent, "index.lock"):  # one .tmp at a time
-                store.commit(lambda f: f.write(body), self.path)  # replaces, never follows a link
+                Replace(self.path).commit(lambda f: f.write(body))  # never follows a link
                 st = os.lstat(self.path)
         except UnsafePath:  # the lock file is a link: refused, like every job store lock
             raise

@@ -1,6 +1,7 @@
 """Claiming names in a run directory: a record's reservation, the leftovers of killed
-writes (set aside, then reclaimed once their writer is provably dead), publishing a record
-under a new name without ever replacing a file, and the lock files.
+writes (set aside, then reclaimed once their writer is provably dead), and the lock files.
+Publishing under a new name, without ever replacing a file, is
+:class:`nitro_core.store.atomic.PublishNew`'s.
 
 A claim is an ``flock`` on the ``.tmp`` of the name, taken when the file is created; the
 lock follows the inode through a rename, so "no process holds its lock" proves the writer
@@ -9,36 +10,28 @@ that made a leftover is gone. Every file here is opened without following a link
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from nitro_core.errors import ConfigError
-from nitro_core.store import deleter, safeio
+from nitro_core.errors import ConfigError, UnsafePath
+from nitro_core.store import deleter
+from nitro_core.store.atomic import tmp_path
 from nitro_core.store.safeio import (
     close_lock,
     flocked,
     fsync_dir,
-    is_disk_full,
     keep_lock_from_children,
-    no_room,
+    lock_held,
     open_nofollow,
-    require_room,
 )
 
-TMP_SUFFIX = ".tmp"
 LOCK_NAME = ".manifest.lock"
 _STALE = re.compile(r"\.safetensors(\.tmp)?\.stale\d*$")
-
-
-def tmp_path(path: Path) -> Path:
-    return path.with_name(path.name + TMP_SUFFIX)
 
 
 def remove_file(path: Path) -> None:
@@ -89,20 +82,9 @@ def reserve(path: Path) -> Reservation | None:
 def in_flight(path: Path) -> bool:
     """Whether a live process holds the write lock of ``path`` (a link holds none)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+        return lock_held(path)
+    except UnsafePath:  # a link in a record's place: a leftover no writer holds
         return False
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return False
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also drops the probe's lock
-    return False
 
 
 def set_aside(path: Path, suffix: str) -> Path:
@@ -148,77 +130,6 @@ def describe_reclaimed(directory: Path, reclaimed: list[tuple[str, int]]) -> str
         f"Reclaimed {sum(b for _, b in reclaimed)} bytes in {str(directory)!r}: removed "
         f"{len(reclaimed)} leftover file(s) of interrupted writes ({names}), which no manifest "
         "lists and no live process holds."
-    )
-
-
-# -- publishing outside a manifest ---------------------------------------------------------
-def publish_new(path: Path, write: Callable[[Any], Any], total: int) -> str:
-    """Write a record that no manifest lists under a new name, refusing (never replacing) a
-    file another process published first. Its ``.tmp`` is the name's reservation: opened
-    without following a link, flock-ed, checked to be the file at that name, and unlinked
-    before its lock is dropped, so a second writer can never truncate a published file."""
-    if os.path.lexists(path):
-        raise _exists(path)
-    require_room(path, total)
-    tmp = tmp_path(path)
-    fd = open_nofollow(tmp, os.O_RDWR | os.O_CREAT)
-    try:
-        _claim(fd, tmp, path)
-        os.ftruncate(fd, 0)  # a leftover of a killed writer of this name is reused
-        try:
-            with os.fdopen(os.dup(fd), "wb") as f:
-                file_hash = write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.link(tmp, path)  # unlike a rename, fails when the name exists
-        except FileExistsError:
-            raise ConfigError(
-                f"{str(path)!r} was created by another process while this one was writing it; "
-                "Nitro never overwrites a record, so this result was not saved. Choose a new "
-                "name, or delete the other file first."
-            ) from None
-        except OSError as exc:
-            if is_disk_full(exc):
-                raise no_room(path, total, safeio.free_bytes(path.parent)) from None
-            raise
-        finally:
-            remove_file(tmp)  # before the lock drops: see above
-        fsync_dir(path.parent)
-        return file_hash()
-    finally:
-        os.close(fd)
-
-
-def _claim(fd: int, tmp: Path, path: Path) -> None:
-    """Lock the open ``.tmp`` of ``path``, or refuse when another writer holds or held it."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise _busy(path) from None
-    held = os.fstat(fd)
-    try:
-        at_name = os.lstat(tmp)
-        current = (at_name.st_dev, at_name.st_ino) == (held.st_dev, held.st_ino)
-    except FileNotFoundError:
-        current = False
-    if not current:  # a writer finished (and unlinked it) or another claimed a new one
-        raise _exists(path) if os.path.lexists(path) else _busy(path)
-    if held.st_nlink > 1:  # published by a writer killed before it removed its .tmp
-        remove_file(tmp)
-        raise _exists(path)
-
-
-def _exists(path: Path) -> ConfigError:
-    return ConfigError(
-        f"{str(path)!r} already exists; Nitro never overwrites a record. Choose a new name, or "
-        "delete the old file first."
-    )
-
-
-def _busy(path: Path) -> ConfigError:
-    return ConfigError(
-        f"{str(path)!r} is being written by another process right now; Nitro never overwrites "
-        "a record, so this one was not saved. Choose a new name, or wait for that process."
     )
 
 

@@ -49,7 +49,8 @@ from typing import Any
 import xxhash
 
 from nitro_core.errors import CheckpointCorrupt
-from nitro_core.store.recordio import MANIFEST_NAME, commit
+from nitro_core.store.atomic import Replace
+from nitro_core.store.recordio import MANIFEST_NAME
 from nitro_core.store.safeio import open_nofollow
 
 NAME = "manifest.journal"
@@ -175,7 +176,7 @@ def reset(directory: Path, after: int, ident: str) -> bytes:
     ``manifest.json`` whose ``journal_id`` is ``ident`` (tmp, fsync, rename, directory
     fsync); returns its bytes."""
     first = line({"format": FORMAT, "after": after, "id": ident})
-    commit(lambda f: f.write(first), Path(directory) / NAME)
+    Replace(Path(directory) / NAME).commit(lambda f: f.write(first))
     return first
 
 

@@ -1,6 +1,6 @@
-"""All file I/O of records and the manifest goes through here: the commit protocol, the
-record writer and reader (:mod:`~nitro_core.store.writer`, :mod:`~nitro_core.store.reader`,
-re-exported), the manifest's bytes, the locks.
+"""All file I/O of records and the manifest goes through here: their commits (through
+:mod:`~nitro_core.store.atomic`), the record writer and reader (:mod:`~nitro_core.store.writer`,
+:mod:`~nitro_core.store.reader`, re-exported), the manifest's bytes, the locks.
 
 Records are standard safetensors files (8-byte little-endian header length, a JSON header,
 then the tensor bytes). Nitro's own data rides in the header metadata under the key
@@ -10,11 +10,13 @@ header bytes, which covers every byte of the file (:mod:`nitro_core.store.digest
 verifies exactly the sections it reads, and checks the header against the manifest when the
 record is listed; ``nitro verify`` checks every section.
 
-Commit protocol, for records and the manifest alike: write ``<name>.tmp``, flush, fsync,
-rename over ``<name>``, fsync the directory. The manifest is only ever changed under an
+Commits go through :mod:`nitro_core.store.atomic`, the one commit protocol (write
+``<name>.tmp``, flush, fsync, rename or link, fsync the directory): a record a manifest will
+list is renamed from its reservation (:class:`~nitro_core.store.atomic.Reserved`), the
+manifest replaced (:class:`~nitro_core.store.atomic.Replace`), only ever under an
 inter-process file lock (``.manifest.lock`` beside it). A record outside any manifest (an
 average, an export) is published with ``link``, which never replaces a file, so two writers
-of one new name cannot both succeed.
+of one new name cannot both succeed (:class:`~nitro_core.store.atomic.PublishNew`).
 
 Space is checked before a commit (the record's bytes, and room to rewrite the manifest
 before the record is renamed into place), and a disk that fills anyway leaves no temporary
@@ -24,31 +26,30 @@ a run directory (:mod:`nitro_core.store.safeio`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nitro_core.errors import DiskFull
-from nitro_core.store import digest, safeio, shards
+from nitro_core.store import digest, shards
+from nitro_core.store.atomic import TMP_SUFFIX, PublishNew, Replace, Reserved, tmp_path
 from nitro_core.store.claims import (
     LOCK_NAME,
-    TMP_SUFFIX,
     Reservation,
     describe_reclaimed,
     in_flight,
     manifest_lock,
-    publish_new,
     reclaim_stale,
     remove_file,
     reserve,
     run_lock,
     set_aside,
-    tmp_path,
 )
 from nitro_core.store.reader import (
     RecordFile,
@@ -61,10 +62,10 @@ from nitro_core.store.reader import (
     truncated,
     unreadable,
 )
-from nitro_core.store.safeio import fsync_dir, is_disk_full, open_nofollow
+from nitro_core.store.safeio import fsync_dir, open_nofollow
 from nitro_core.store.writer import META_KEY, Layout, check_host, writer
 
-# the public names; those from claims and reader are re-exported, so callers find every one here
+# the public names; those of atomic, claims and reader re-exported: callers find every one here
 __all__ = [
     "LOCK_NAME",
     "MANIFEST_NAME",
@@ -73,7 +74,6 @@ __all__ = [
     "RecordFile",
     "Reservation",
     "TMP_SUFFIX",
-    "commit",
     "describe_reclaimed",
     "file_digest",
     "file_sha256",
@@ -103,40 +103,6 @@ MANIFEST_ROOM = 64 * 1024  # free bytes kept beyond the manifest's size before a
 _CHUNK = 8 * 1024 * 1024
 
 
-# -- the commit protocol ------------------------------------------------------------------
-def commit(
-    write: Callable[[Any], Any], path: Path, disk_full: Callable[[int], DiskFull] | None = None
-) -> Any:
-    """Run ``write(file)`` into ``<path>.tmp``, then fsync, rename and fsync the directory.
-    The ``.tmp`` is never followed through a link, and is removed when anything fails; a
-    full disk raises ``disk_full(free bytes)`` (by default a :class:`DiskFull` naming
-    ``path``)."""
-    tmp = tmp_path(path)
-    fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            result = write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        remove_file(tmp)
-        if is_disk_full(exc):
-            free = safeio.free_bytes(path.parent)
-            raise (disk_full or _kept_as_it_was(path))(free) from None
-        raise
-    fsync_dir(path.parent)
-    return result
-
-
-def _kept_as_it_was(path: Path) -> Callable[[int], DiskFull]:
-    return lambda free: DiskFull(
-        f"No room left in {str(path.parent)!r} to write {path.name!r} ({free} bytes free): "
-        f"{path.name!r} was kept as it was, and the temporary file removed. Free space on that "
-        "disk and try again."
-    )
-
-
 # -- records --------------------------------------------------------------------------------
 def write_record(
     target: Path | Reservation, tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]
@@ -155,32 +121,12 @@ def write_record(
     check_host(tensors)
     layout = Layout(tensors, meta)
     total = len(layout.header(None)) + layout.data_bytes
-    if isinstance(target, Reservation):
-        return total, _commit_reserved(target, writer(layout), total)
-    return total, publish_new(Path(target), writer(layout), total)
-
-
-def _commit_reserved(target: Reservation, write: Callable[[Any], Any], total: int) -> str:
-    """Write into the reservation's ``.tmp``, then rename it into place once the manifest
-    can be rewritten. The caller removes the ``.tmp`` when this raises."""
-    path = target.path
-    room = manifest_room(path.parent)
-    detail = f" ({total} for the record, {room} to rewrite manifest.json)"
-    safeio.require_room(path, total + room, detail)
-    try:
-        with os.fdopen(os.dup(target.fd), "wb") as f:
-            file_hash = write(f)
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as exc:
-        if is_disk_full(exc):
-            raise safeio.no_room(path, total, safeio.free_bytes(path.parent)) from None
-        raise
-    room = manifest_room(path.parent)  # other writers may have taken space meanwhile
-    safeio.require_room(path, room, " to rewrite manifest.json after it is written")
-    os.replace(tmp_path(path), path)
-    fsync_dir(path.parent)
-    return str(file_hash())
+    if isinstance(target, Reservation):  # the caller removes the .tmp when this raises
+        room = functools.partial(manifest_room, target.path.parent)  # asked again at the rename
+        file_hash = Reserved(target.path, target.fd, total, room).commit(writer(layout))
+    else:
+        file_hash = PublishNew(Path(target), total).commit(writer(layout))
+    return total, str(file_hash())
 
 
 def file_sha256(path: Path) -> str:
@@ -300,7 +246,7 @@ def save_manifest_bytes(directory: Path, body: bytes) -> None:
             "with resume='auto'."
         )
 
-    commit(lambda f: f.write(body), directory / MANIFEST_NAME, disk_full)
+    Replace(directory / MANIFEST_NAME, disk_full).commit(lambda f: f.write(body))
 
 
 def manifest_room(directory: Path) -> int:

@@ -17,7 +17,8 @@ lists intact: every rank writes its shard into ``<name>.tmp/`` and hashes it
 (:mod:`nitro_core.store.shard_writer`); DCP's save returns on rank 0 only after every rank's
 files are written and fsynced, with every rank's digest; rank 0 then writes ``header.json``
 (naming each shard's digest, no shard read back), fsyncs the directory, renames it to
-``<name>``, fsyncs the run directory, and only then lists the record in the manifest. A
+``<name>``, fsyncs the run directory (:class:`~nitro_core.store.atomic.PublishDirectory`),
+and only then lists the record in the manifest. A
 ``.tmp`` directory is never selected, loaded or resumed into.
 
 Digests, the same hash tree as a record file's (:mod:`nitro_core.store.digest`):
@@ -47,7 +48,8 @@ import xxhash
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, RecordError
 from nitro_core.store import deleter, digest
-from nitro_core.store.safeio import fsync_dir, open_nofollow
+from nitro_core.store.atomic import PublishDirectory
+from nitro_core.store.safeio import open_nofollow
 from nitro_core.store.writer import DTYPES
 
 HEADER_NAME = "header.json"
@@ -157,14 +159,7 @@ def publish(
     header = {k: v for k, v in meta.items() if k != digest.KEY}
     header["shards"] = dict(sorted(digests.items()))
     raw = digest.sealed_json_header(header)  # with its own digest: integrity.header
-    fd = open_nofollow(tmp / HEADER_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    with os.fdopen(fd, "wb") as f:
-        f.write(raw)
-        f.flush()
-        os.fsync(f.fileno())
-    fsync_dir(tmp)
-    os.rename(tmp, final)
-    fsync_dir(final.parent)
+    PublishDirectory(final, tmp, HEADER_NAME).commit(lambda f: f.write(raw))
     return _sizes(final), digest.tree(raw)
 
 

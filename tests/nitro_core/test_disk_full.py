@@ -17,8 +17,8 @@ import pytest
 
 from nitro_core import Nitro, average_checkpoints, read_manifest
 from nitro_core.errors import DiskFull
+from nitro_core.store import atomic, safeio
 from nitro_core.store import recordio as store
-from nitro_core.store import safeio
 
 from .tiny import KeepLast
 
@@ -168,7 +168,7 @@ def test_a_commit_that_fills_the_disk_keeps_the_old_file_and_removes_the_tmp(tmp
     path.write_bytes(b"old")
     fail_fsync_of(monkeypatch, "status.json.tmp")
     with pytest.raises(DiskFull) as exc:
-        store.commit(lambda f: f.write(b"new"), path)
+        atomic.Replace(path).commit(lambda f: f.write(b"new"))
     assert re.fullmatch(
         rf"No room left in {re.escape(repr(str(tmp_path)))} to write 'status.json' \(\d+ bytes "
         r"free\): 'status.json' was kept as it was, and the temporary file removed\. Free space "

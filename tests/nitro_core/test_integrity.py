@@ -28,7 +28,7 @@ from nitro_core import (
 )
 from nitro_core.store import recordio as store
 
-from . import by_hand
+from . import by_hand, commit_steps
 from .tiny import KeepLast, Tiny
 
 
@@ -205,23 +205,12 @@ def test_averaging_tensors_over_4_mb_equals_a_straightforward_mean(tmp_path, gro
 
 # -- the commit protocol ---------------------------------------------------------------------------
 def test_a_record_commit_fsyncs_the_directory_right_after_the_rename(tmp_path, monkeypatch):
-    events: list[tuple[str, str]] = []
-    real_replace, real_fsync_dir = os.replace, store.fsync_dir
-
-    def replace(src, dst):
-        events.append(("rename", Path(dst).name))
-        real_replace(src, dst)
-
-    def fsync_dir(directory):
-        events.append(("fsync_dir", str(directory)))
-        real_fsync_dir(directory)
-
-    monkeypatch.setattr(os, "replace", replace)
-    monkeypatch.setattr(store, "fsync_dir", fsync_dir)
+    steps = commit_steps.record(monkeypatch, tmp_path)
     Nitro(KeepThree(max_epochs=1), run_dir=tmp_path).train().logger.close()
     record = read_manifest(tmp_path)[0].file
-    at = events.index(("rename", record))
-    assert events[at + 1] == ("fsync_dir", str(tmp_path)), events
+    at = steps.index(("replace", f"{record}.tmp", record))
+    assert steps[at - 1] == ("fsync", f"{record}.tmp"), steps  # its bytes, before the rename
+    assert steps[at + 1] == ("fsync", "."), steps
 
 
 # -- exports load back as weights -----------------------------------------------------------------
