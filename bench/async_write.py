@@ -50,7 +50,7 @@ from typing import Any, Literal
 import torch
 
 from nitro_core import Checkpointer, Experiment, Last, Nitro, NullLogger, TensorBatches
-from nitro_core.training.checkpointing import CheckpointWriter
+from nitro_core.training.checkpointing import RecordWriter
 
 TARGET_COPY = 1.3
 TARGET_SYNC = 5.0
@@ -99,9 +99,9 @@ def timed_writer() -> Any:
     saves: list[float] = []
     waits: list[float] = []
     in_save: list[bool] = []
-    real_save, real_wait = CheckpointWriter.save, CheckpointWriter.wait
+    real_save, real_wait = RecordWriter.save, RecordWriter.wait
 
-    def save(self: CheckpointWriter, *args: Any, **kwargs: Any) -> Any:
+    def save(self: RecordWriter, *args: Any, **kwargs: Any) -> Any:
         t0 = time.perf_counter()
         in_save.append(True)
         try:
@@ -110,7 +110,7 @@ def timed_writer() -> Any:
             in_save.pop()
             saves.append(time.perf_counter() - t0)
 
-    def wait(self: CheckpointWriter, who: str = "") -> None:
+    def wait(self: RecordWriter, who: str = "") -> None:
         t0 = time.perf_counter()
         try:
             real_wait(self, who)
@@ -118,11 +118,11 @@ def timed_writer() -> Any:
             if who.startswith("The checkpoint point") and not in_save:  # the point's own
                 waits.append(time.perf_counter() - t0)
 
-    CheckpointWriter.save, CheckpointWriter.wait = save, wait  # type: ignore[method-assign]
+    RecordWriter.save, RecordWriter.wait = save, wait  # type: ignore[method-assign]
     try:
         yield saves, waits
     finally:
-        CheckpointWriter.save, CheckpointWriter.wait = real_save, real_wait  # type: ignore[method-assign]
+        RecordWriter.save, RecordWriter.wait = real_save, real_wait  # type: ignore[method-assign]
 
 
 def state_tensors(n: Nitro) -> list[torch.Tensor]:

@@ -5,7 +5,7 @@ For each size, builds ``manifest.json`` with that many ManifestEntry rows (8 run
 'loss', mode 'min', random scores), saved by ``manifest.save`` under ``store.manifest_lock``.
 Then, in this process:
 
-  checkpoint    what a checkpoint does to the manifest (``CheckpointWriter``): read it to
+  checkpoint    what a checkpoint does to the manifest (``RecordWriter``): read it to
                 decide, read it under the lock to claim a name, then under the lock read it,
                 add the new entry, drop the oldest (retention) and commit; median over
                 ``--commits`` checkpoints, in ms

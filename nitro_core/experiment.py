@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_
 
 from nitro_core.errors import ConfigError, MissingHookError
 from nitro_core.policy.selectors import Best, Checkpointer, Last
-from nitro_core.training.loggers import JSONLLogger
+from nitro_core.store.metrics_log import JSONLLogger
 
 
 class _HostMark:

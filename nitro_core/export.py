@@ -1,11 +1,12 @@
 """Weights exports: parameters and layer state under their state-dict names, with
-provenance, through the one record writer. Takes a handle (read through its attributes,
-never imported) or a source resolved from the manifest."""
+provenance, through the one record writer. Takes a handle (anything that is
+:class:`Exportable`, as ``Nitro`` is: this layer sits below the handle and never imports
+it) or a source resolved from the manifest."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -17,12 +18,23 @@ from nitro_core.state.records import FORMAT_VERSION, framework_version, to_host
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
 
-if TYPE_CHECKING:
-    from nitro_core.training.handle import Nitro
+
+@runtime_checkable
+class Exportable(Protocol):
+    """What an export reads of a trained handle (``Nitro`` is one)."""
+
+    model: torch.nn.Module
+    experiment: Any  # an Experiment (a pydantic model: its config is model_dump()'s)
+    run_id: str
+    seed: int
+    epoch: int
+    step: int
+    checkpoint_source: Path | None
+    averaged_from: dict[str, Any] | None
 
 
 def export_weights(
-    nitro_or_source: Nitro | Any, path: str | Path, run_dir: str | Path | None = None
+    nitro_or_source: Exportable | Any, path: str | Path, run_dir: str | Path | None = None
 ) -> Path:
     """Write parameters and layer state alone, under their state-dict names, so that
     ``model.load_state_dict(safetensors.torch.load_file(path))`` restores them. The header's
@@ -30,7 +42,7 @@ def export_weights(
     framework version."""
     path = Path(path)
     refuse_existing(path, "Export path")
-    if _is_handle(nitro_or_source):
+    if isinstance(nitro_or_source, Exportable):
         n = nitro_or_source
         state = n.model.state_dict()
         provenance = {
@@ -82,9 +94,3 @@ def _from_source(
         "epoch": meta.get("epoch"),
         "step": meta.get("step"),
     }
-
-
-def _is_handle(obj: Any) -> bool:
-    """A ``Nitro`` handle, recognized by what export reads of it (this layer sits below the
-    handle, so it never imports it)."""
-    return all(hasattr(obj, a) for a in ("model", "experiment", "run_id", "checkpoint_source"))

@@ -25,10 +25,9 @@ from typing import Any
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError
 from nitro_core.export import export_weights
 from nitro_core.sources.grammar import PathSource, to_source
-from nitro_core.store import manifest
+from nitro_core.store import manifest, metrics_log
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point
-from nitro_core.store.safeio import open_nofollow
 from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
@@ -40,7 +39,6 @@ SKIP = frozenset({"node_modules", "__pycache__", "site-packages", "venv"})
 BUDGET = PAGE_BUDGET  # characters of run directories in one page of nitro_runs
 NAME_CHARS = 200  # of a path shown in a hint or a comparison
 CONFIG_CHARS = 300
-MAX_LOG = 16 * 1024 * 1024  # a longer log is not read: the record's history stands in
 SHOWN_METRICS = 8
 SHOWN_FIELDS = 20
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -366,28 +364,15 @@ def _epoch_row(row: Any) -> bool:
 
 
 def _log_rows(directory: Path, run: str) -> list[dict[str, Any]]:
-    """The epoch rows of ``logs/<run>.jsonl`` (empty when it is missing, a link, or long)."""
-    logs = directory / "logs"
+    """The epoch rows of ``logs/<run>.jsonl`` (the core's one reader), or none when it is
+    missing, a link, or longer than the reader reads: the record's history stands in."""
     try:
-        if not stat.S_ISDIR(os.lstat(logs).st_mode):
+        if not stat.S_ISDIR(os.lstat(directory / "logs").st_mode):
             return []
-        fd = open_nofollow(logs / f"{run}.jsonl", os.O_RDONLY | os.O_NONBLOCK)
+        log = metrics_log.read_log(directory, run)
     except (OSError, NitroError):
         return []
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_LOG:
-            return []
-        lines = f.read().splitlines()
-    rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if _epoch_row(row):
-            rows.append(row)
-    return rows
+    return [] if log.cut else [row for row in log.rows if _epoch_row(row)]
 
 
 def _span(first: str, last: str) -> float | None:

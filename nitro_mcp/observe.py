@@ -16,20 +16,19 @@ import json
 import math
 import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
 from nitro_core.errors import ConfigError, ResumeRefused, UnsafePath
 from nitro_core.jobs.calls import tool_call, train_arguments
-from nitro_core.store.safeio import link_refusal, open_nofollow
+from nitro_core.store import metrics_log
+from nitro_core.store.metrics_log import READ_MAX
 from nitro_core.training.loggers import LOGGERS, tensorboard_installed
 from nitro_core.training.resume import ResumePoint
 from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.paths import shown
 
-READ_MAX = 32 * 1024 * 1024  # bytes read from the end of one log
 ROWS_CHARS = 6000  # the rows of a history reply, as compact JSON
 REPLY_CHARS = 7500  # the whole history reply, with room to spare under 8,000
 COLUMNS_CHARS = 1500  # the column names of a history reply
@@ -115,32 +114,10 @@ def pick_run(run_dir: Path, root: Path, run: str | None, arg: str = "run") -> st
 
 
 def read_log(run_dir: Path, run: str) -> RunLog:
-    """The rows of ``logs/<run>.jsonl``: lines that do not parse as an object are skipped
-    (counted), and a last line still being written is left out."""
-    path = run_dir / "logs" / f"{run}.jsonl"
-    fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise link_refusal(path)  # a FIFO or a device in a log's place is no log
-        cut = st.st_size > READ_MAX
-        f.seek(max(0, st.st_size - READ_MAX))
-        data = f.read(READ_MAX)
-    lines = data.split(b"\n")
-    if cut:
-        lines = lines[1:]  # the first one is cut
-    lines = lines[:-1]  # after the last newline: empty, or a row being written
-    rows, skipped = [], 0
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
-        if isinstance(row, dict):
-            rows.append(_flat(row))
-        elif line.strip():
-            skipped += 1
-    return RunLog(run, rows, skipped, cut)
+    """The rows of ``logs/<run>.jsonl``, flattened (the core's one reader,
+    :func:`nitro_core.store.metrics_log.read_log`)."""
+    log = metrics_log.read_log(run_dir, run)
+    return RunLog(run, [_flat(row) for row in log.rows], log.skipped, log.cut)
 
 
 def _flat(row: dict[str, Any], prefix: str = "") -> dict[str, Cell]:

@@ -20,7 +20,6 @@ dry run reads only: it takes no lock and creates no file.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -33,7 +32,7 @@ from nitro_core.errors import TrainingRefused
 from nitro_core.store import deleter, manifest
 from nitro_core.store.claims import manifest_lock, run_lock, run_lock_path
 from nitro_core.store.manifest import Manifest, ManifestEntry
-from nitro_core.store.safeio import fsync_dir, open_nofollow
+from nitro_core.store.safeio import fsync_dir, lock_held
 
 LOGS = "logs"
 
@@ -152,17 +151,7 @@ def _real_dir(path: Path) -> bool:
 def _held(run_dir: Path, run: str) -> bool:
     """Whether another open file holds ``run``'s training lock, probed without creating the
     lock file."""
-    try:
-        fd = open_nofollow(run_lock_path(run_dir, run), os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # also drops the probe's lock
-    return False
+    return lock_held(run_lock_path(run_dir, run))
 
 
 @contextmanager

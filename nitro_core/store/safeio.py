@@ -114,6 +114,24 @@ def flocked(path: Path, blocking: bool = True, where: str = RUN_DIR) -> Iterator
         close_lock(fd)  # also drops the lock
 
 
+def lock_held(path: Path, where: str = RUN_DIR) -> bool:
+    """Whether another open file holds the ``flock`` of the lock file ``path``, probed
+    without creating it (a missing file holds none) and never through a link (refused as
+    :class:`UnsafePath`). The one probe of a lock: a run's training lock, a record's
+    write claim."""
+    try:
+        fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK, where=where)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the probe's lock
+    return False
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename (or link, or unlink) in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)

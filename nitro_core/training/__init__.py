@@ -1,5 +1,6 @@
 """The handle and its collaborators: ``handle`` (``Nitro``), ``setup`` (run directory,
 device, splits, Ctrl+C), ``options`` (the loading keywords), ``ranking`` (the monitor and
-its setup refusals), ``loop`` (one epoch, evaluation), ``checkpointing`` (the writer),
+its setup refusals), ``loop`` (one epoch, evaluation), ``points`` (checkpoint points),
+``checkpointing`` (the one record writer; ``sharded_save``, its record-directory format),
 ``resume`` and ``restore`` (applying records to a handle, averages included),
 ``stopping``, ``loggers``, ``progress`` and ``data``."""

@@ -27,16 +27,15 @@ from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import StopReason
 from nitro_core.training import distributed, ranking, setup, sharding
-from nitro_core.training.checkpointing import CheckpointWriter
+from nitro_core.training.checkpointing import OneFile, RecordWriter
 from nitro_core.training.loggers import MutedLogger, choose_logger
 from nitro_core.training.loop import StepHooks, evaluate
 from nitro_core.training.options import check_options
-from nitro_core.training.points import next_epoch, run_epoch, wait_for_writes
-from nitro_core.training.position import Position
+from nitro_core.training.points import Parts, Resumption, next_epoch, run_epoch
 from nitro_core.training.progress import Listener, Progress
 from nitro_core.training.restore import BestRestorer, load_weights, restore_full
 from nitro_core.training.resume import ResumePoint, latest_point, resume_from_source
-from nitro_core.training.sharded_save import ShardedWriter
+from nitro_core.training.sharded_save import RecordDirectory
 from nitro_core.training.step import Stepper, autocast, split_compiled, step_settings
 from nitro_core.training.stopping import EarlyStopper, EarlyStopping, Plateau
 
@@ -82,6 +81,32 @@ class Nitro:
         logger: Any = None,
         strategy: str = "auto",
     ) -> None:
+        self._check_experiment(experiment)
+        self._join(run_dir, device, strategy)
+        self.options = check_options(
+            resume, weights, restore_optimizer, restore_best, load_ema, strict
+        )
+        entries = manifest.read_manifest(self.run_dir)
+        setup.warn_partial_files(self.run_dir)
+        # which record, if any, this handle continues
+        point = self._resume_point(entries)
+        self._name_run(point, seed)
+        # build everything from the seed
+        rng.seed_everything(self.seed)
+        self._build_model()
+        self._build_schedules()
+        self._start_history(entries, logger)
+        # load what was asked for; the RNG state is put back when train() starts
+        logger_state = self._load(point, entries)
+        # the handle touches none of the run's files until train() holds the run
+        self.logger.open(
+            self.run_dir, self.run_id, logger_state if point and point.continue_run else None
+        )
+        self._parts = self._lend_parts()
+
+    # -- setup, phase by phase ------------------------------------------------------------
+    def _check_experiment(self, experiment: Experiment) -> None:
+        """The experiment and its checkpointer hook."""
         if not isinstance(experiment, Experiment):
             raise ConfigError(
                 f"Nitro(experiment=...) got {type(experiment).__name__}; pass an instance of an "
@@ -89,41 +114,29 @@ class Nitro:
             )
         check_required_hooks(experiment)
         self.experiment = experiment
-        name = type(experiment).__name__
         ckpt = experiment.checkpointer()
         if ckpt is not None and not isinstance(ckpt, Checkpointer):
             raise ConfigError(
-                f"{name}.checkpointer() returned {ckpt!r}; return Checkpointer(keep=...) or None."
+                f"{type(experiment).__name__}.checkpointer() returned {ckpt!r}; return "
+                "Checkpointer(keep=...) or None."
             )
         self.checkpointer: Checkpointer | None = ckpt
-        self.run_dir = setup.resolve_run_dir(run_dir, ckpt, name)
+
+    def _join(self, run_dir: str | Path | None, device: str | torch.device, strategy: str) -> None:
+        """Where the run lives, on which device, in which process group."""
+        name = type(self.experiment).__name__
+        self.run_dir = setup.resolve_run_dir(run_dir, self.checkpointer, name)
         chosen = setup.resolve_device(device)
         # "auto" and "cuda" leave the GPU to the rank (cuda:LOCAL_RANK); "cuda:1" pins it
         self.dist, self.device = distributed.join(
             strategy, chosen, requested=chosen.index is not None
         )
-        self.step_settings = step_settings(experiment, self.device)
-        self.options = check_options(
-            resume, weights, restore_optimizer, restore_best, load_ema, strict
-        )
-        entries = manifest.read_manifest(self.run_dir)
-        setup.warn_partial_files(self.run_dir)
+        self.step_settings = step_settings(self.experiment, self.device)
 
-        # which record, if any, this handle continues
-        point = self._resume_point(entries)
+    def _name_run(self, point: ResumePoint | None, seed: int | None) -> None:
+        """The seed and the run id: a resumed record's, or new ones."""
         if point is not None:
-            point.check_resumable()
-            point.check_config(experiment)
-            point.check_step(experiment, self.step_settings)
-            if seed is not None and seed != point.seed:
-                warnings.warn(
-                    f"seed={seed} ignored: resuming {point.file!r} restores its recorded seed "
-                    f"{point.seed}. Drop the seed keyword, or start a new run_dir to use seed={seed}.",
-                    NitroWarning,
-                    stacklevel=2,
-                )
-            seed = point.seed
-            point.check_environment(torch.get_num_threads(), self.device)
+            seed = self._check_resumable(point, seed)
         self.seed = setup.check_seed(seed)
         # every rank writes under rank 0's id
         self.run_id = self.dist.broadcast(
@@ -139,13 +152,29 @@ class Nitro:
                 f"{str(self.run_dir)!r}: this branches into a new run {self.run_id} with parent "
                 f"{self.parent}; the original run's later epochs stay untouched.",
                 NitroWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
 
-        # build everything from the seed
-        rng.seed_everything(self.seed)
+    def _check_resumable(self, point: ResumePoint, seed: int | None) -> int:
+        """Refuse a resume that could not be exact; returns the recorded seed."""
+        point.check_resumable()
+        point.check_config(self.experiment)
+        point.check_step(self.experiment, self.step_settings)
+        if seed is not None and seed != point.seed:
+            warnings.warn(
+                f"seed={seed} ignored: resuming {point.file!r} restores its recorded seed "
+                f"{point.seed}. Drop the seed keyword, or start a new run_dir to use seed={seed}.",
+                NitroWarning,
+                stacklevel=4,
+            )
+        point.check_environment(torch.get_num_threads(), self.device)
+        return point.seed
+
+    def _build_model(self) -> None:
+        """The data splits (each rank's share), the model and its optimizer and step."""
+        experiment = self.experiment
         self.data = sharding.shard_splits(
-            setup.build_splits(experiment), self.dist, self.seed, name
+            setup.build_splits(experiment), self.dist, self.seed, type(experiment).__name__
         )
         # records go through the uncompiled module; forward passes through the compiled one,
         # and training's through DDP when there is one (evaluation bypasses it: it syncs
@@ -159,6 +188,10 @@ class Nitro:
             if self.step_settings.plain
             else Stepper(self.step_settings, self.optimizer, self.device)
         )
+
+    def _build_schedules(self) -> None:
+        """The hooks that act over steps and points: schedule, EMA, anchor, ranking, stops."""
+        experiment, name = self.experiment, type(self.experiment).__name__
         train = self.data["train"]
         steps = (
             experiment.max_epochs * self.step_settings.steps_per_epoch(len(train))
@@ -176,46 +209,62 @@ class Nitro:
         early, plateau = experiment.early_stopping(), experiment.plateau()
         setup.check_kind(name, "early_stopping", early, EarlyStopping)
         setup.check_kind(name, "plateau", plateau, Plateau)
-        self.ranking = ranking.resolve(experiment, ckpt, list(self.data), early, plateau)
+        self.ranking = ranking.resolve(
+            experiment, self.checkpointer, list(self.data), early, plateau
+        )
         mode = self.ranking.monitor[1] if self.ranking.monitor else "min"
         self.early_stopper = EarlyStopper(early, mode) if early is not None else None
         self.plateau = plateau.build(self.optimizer, mode) if plateau is not None else None
-        self.logger = choose_logger(experiment, logger)
+
+    def _start_history(self, entries: list[manifest.ManifestEntry], logger: Any) -> None:
+        """The logger, the counters and history of a fresh handle, the stop flag."""
+        self.logger = choose_logger(self.experiment, logger)
         if not self.dist.main:  # rank 0 logs for the run
             self.logger = MutedLogger(self.logger.backend)
         self.step = 0
         self.epoch = 0
         self.batch: int | None = None  # batches of `epoch` consumed, at a mid-epoch point
-        self._position: Position | None = None  # a mid-epoch record's, until train() starts
-        self._unstored_warned = False  # records cannot hold the train split's state_dict()
         self.history: list[dict[str, Any]] = []
         self.stop_reason: StopReason | None = None
         self._stop = threading.Event()
         self._progress = Progress()
         self._best = BestRestorer(self, self.options.restore_best)
-        ranking.warn_about_directory(entries, ckpt, self.run_id, self.ranking, self.run_dir)
-
-        # load what was asked for; the RNG state is put back when train() starts
-        logger_state = None
-        self._start_rng: rng.RngState | None
-        if point is not None:
-            logger_state, self._start_rng = restore_full(self, point)
-        else:
-            if self.options.weights is not None:
-                load_weights(self, self.options.weights, entries)
-                self.parent = _weights_parent(self.options.weights, self)
-            self._start_rng = rng.capture()
-        # the handle touches none of the run's files until train() holds the run
-        self.logger.open(
-            self.run_dir, self.run_id, logger_state if point and point.continue_run else None
+        ranking.warn_about_directory(
+            entries, self.checkpointer, self.run_id, self.ranking, self.run_dir
         )
-        self._writer: CheckpointWriter | ShardedWriter | None = None
-        if ckpt is not None and self.dist.strategy == "fsdp":  # every rank writes its shards
-            self._writer = ShardedWriter(self)
-        elif ckpt is not None and self.dist.main:  # one process, or DDP's rank 0
-            self._writer = CheckpointWriter(
-                self.run_dir, ckpt, self.run_id, self.ranking.pair, self.parent
+
+    def _load(
+        self, point: ResumePoint | None, entries: list[manifest.ManifestEntry]
+    ) -> dict[str, Any] | None:
+        """Restore the resumed record, or load the weights asked for; returns the logger's
+        recorded state. The generators are put back when train() starts."""
+        if point is not None:
+            restored = restore_full(self, point)
+            self._resumption = Resumption(restored.position, restored.start_rng)
+            return restored.logger_state
+        if self.options.weights is not None:
+            load_weights(self, self.options.weights, entries)
+            self.parent = _weights_parent(self.options.weights, self)
+        self._resumption = Resumption(None, rng.capture())
+        return None
+
+    def _lend_parts(self) -> Parts:
+        """What the points of this handle use of it, the record writer among them: every
+        rank's (FSDP: each writes its shards; DDP: rank 0 writes, every rank agrees on
+        errors)."""
+        ckpt, writer = self.checkpointer, None
+        if ckpt is not None:
+            fsdp = self.dist.strategy == "fsdp"
+            fmt = (
+                RecordDirectory(self.dist, ckpt.async_write) if fsdp else OneFile(ckpt.async_write)
             )
+            writer = RecordWriter(
+                self.run_dir, ckpt, self.run_id, self.ranking.pair, self.parent, self.dist, fmt
+            )
+        return Parts(
+            self._resumption, self._forward_model, writer, self._progress, self._decide_stop,
+            self._snapshot,
+        )  # fmt: skip
 
     def _resume_point(self, entries: list[manifest.ManifestEntry]) -> ResumePoint | None:
         resume = self.options.resume
@@ -250,6 +299,7 @@ class Nitro:
         hooks = StepHooks(self.scheduler, self.ema, self.anchor, self._progress)
         hooks.stepper = self.stepper
         hooks.ranks = self.dist.gather if self.dist.active else None  # ranks agree on a NaN
+        writer = self._parts.writer
         with setup.run_lock(self.run_dir, self.run_id, self.dist.main) as mine:
             if not mine:
                 raise TrainingRefused(
@@ -262,25 +312,26 @@ class Nitro:
                 self._refuse_stale_point()
             # the first train() starts where setup left off (a mid-epoch resume: once the
             # train split is positioned)
-            if self._start_rng is not None and self._position is None:
-                rng.restore(*self._start_rng)
-                self._start_rng = None
+            resumption = self._resumption
+            if resumption.start_rng is not None and resumption.position is None:
+                rng.restore(*resumption.start_rng)
+                resumption.start_rng = None
             self._stop.clear()
             previous = setup.install_sigint(self.request_stop)
             try:
                 while next_epoch(self) <= self.experiment.max_epochs:
-                    run_epoch(self, hooks, on_epoch)
+                    run_epoch(self, self._parts, hooks, on_epoch)
                     if self.stop_reason is not None:
                         break
-                if self.checkpointer is not None:  # no rank returns before rank 0 committed
-                    wait_for_writes(self, "The end of train()")  # the last record, or its error
+                if writer is not None:  # no rank returns before rank 0 committed
+                    writer.wait("The end of train()")  # the last record, or its error
             except BaseException:
-                if self._writer is not None:  # the write in flight still commits
-                    self._writer.drain(raise_error=False)
+                if writer is not None:  # the write in flight still commits
+                    writer.drain(raise_error=False)
                 raise
             else:  # returns only once the last record is committed, or raises its error
-                if self._writer is not None:
-                    self._writer.drain()
+                if writer is not None:
+                    writer.drain()
             finally:
                 setup.restore_sigint(previous)
                 self.logger.close()  # reopened on the next row, if this handle trains again

@@ -15,17 +15,70 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from nitro_core.errors import NitroWarning, TrainingRefused
+import torch
+
+from nitro_core.errors import NitroWarning
+from nitro_core.experiment import Experiment
+from nitro_core.policy.selectors import Checkpointer
 from nitro_core.state import ranks, records, rng
+from nitro_core.store.manifest import StopReason
 from nitro_core.training import position, ranking, setup, sharding
+from nitro_core.training.checkpointing import RecordWriter
+from nitro_core.training.distributed import Dist
+from nitro_core.training.loggers import Logger
 from nitro_core.training.loop import Cursor, StepHooks, check_finite, epoch_length, train_epoch
-
-if TYPE_CHECKING:
-    from nitro_core.training.handle import Nitro
+from nitro_core.training.position import Position
+from nitro_core.training.progress import Progress
+from nitro_core.training.step import Stepper
 
 OnPoint = Callable[[dict[str, Any]], None]
+
+
+class Trainee(Protocol):
+    """The handle as its points see it: public attributes only (``Nitro`` is one)."""
+
+    experiment: Experiment
+    data: dict[str, Any]
+    device: torch.device
+    dist: Dist
+    checkpointer: Checkpointer | None
+    optimizer: torch.optim.Optimizer
+    stepper: Stepper | None
+    ranking: ranking.Ranking
+    logger: Logger
+    run_id: str
+    step: int
+    epoch: int
+    batch: int | None
+    stop_reason: StopReason | None
+    history: list[dict[str, Any]]
+
+    def validate(self) -> dict[str, float]: ...
+
+
+@dataclass
+class Resumption:
+    """Where the handle's next epoch starts, kept between ``train()`` calls: a mid-epoch
+    record's (or a mid-epoch stop's) position, until the split is positioned, and the
+    generators the next ``train()`` starts from."""
+
+    position: Position | None = None
+    start_rng: rng.RngState | None = None
+    unstored_warned: bool = False  # records cannot hold the train split's state_dict()
+
+
+@dataclass
+class Parts:
+    """The handle's own parts its points use, lent as one argument (never read off it)."""
+
+    resumption: Resumption
+    forward_model: torch.nn.Module  # training's forward passes (DDP's wrapper, compiled)
+    writer: RecordWriter | None  # None: the experiment keeps no checkpoints
+    progress: Progress
+    decide_stop: Callable[[dict[str, float]], StopReason | None]
+    snapshot: Callable[[], records.Snapshot]  # the handle's record snapshot
 
 
 @dataclass
@@ -40,23 +93,23 @@ class Epoch:
     clock: float  # when its last point ended (or it began)
 
 
-def next_epoch(n: Nitro) -> int:
+def next_epoch(n: Trainee) -> int:
     """The epoch the handle trains next: the one in progress after a mid-epoch point."""
     return n.epoch if n.batch is not None else n.epoch + 1
 
 
-def open_epoch(n: Nitro) -> Epoch:
+def open_epoch(n: Trainee, resumption: Resumption) -> Epoch:
     """The epoch to train: the one a mid-epoch record was written in, or a mid-epoch point
     stopped this handle in (then the generators go back to that point only now, after the
     split is positioned), or a new one."""
     split = n.data["train"]
     total = epoch_length(split)
-    if n._position is not None:
-        at, n._position = n._position, None
+    if resumption.position is not None:
+        at, resumption.position = resumption.position, None
         batches, cursor = position.reopen(split, at, n.epoch, n.device)
-        assert n._start_rng is not None  # a resume keeps the record's state until now
-        rng.restore(*n._start_rng)
-        n._start_rng = None
+        assert resumption.start_rng is not None  # a resume keeps the record's state until now
+        rng.restore(*resumption.start_rng)
+        resumption.start_rng = None
         return Epoch(n.epoch, batches, cursor, total, at.epoch_rng, time.monotonic())
     mid_epoch = n.checkpointer is not None and n.checkpointer.every_steps is not None
     sharding.start_epoch(split, n.epoch + 1)  # a DistributedSampler's order depends on it
@@ -66,16 +119,16 @@ def open_epoch(n: Nitro) -> Epoch:
     )
 
 
-def run_epoch(n: Nitro, hooks: StepHooks, on_point: OnPoint | None) -> None:
+def run_epoch(n: Trainee, parts: Parts, hooks: StepHooks, on_point: OnPoint | None) -> None:
     """Train (the rest of) an epoch, with its points; the last is its end, unless a
     mid-epoch point stopped the run."""
-    epoch = open_epoch(n)
+    epoch = open_epoch(n, parts.resumption)
     hooks.every_steps = n.checkpointer.every_steps if n.checkpointer is not None else None
-    hooks.point = lambda cursor, step: point(n, epoch, step, on_point)
+    hooks.point = lambda cursor, step: point(n, parts, epoch, step, on_point)
     hooks.hold = lambda: position.hold(n.data["train"])  # a look-ahead's point records this
     # optimizer steps over the train split
     _, n.step = train_epoch(
-        n.experiment, n._forward_model, n.optimizer, epoch.batches, n.device, hooks,
+        n.experiment, parts.forward_model, n.optimizer, epoch.batches, n.device, hooks,
         epoch.number, n.step, epoch.cursor, epoch.total,
     )  # fmt: skip
     hooks.point = None  # the epoch's iterator (and a loader's workers) ends with it
@@ -88,49 +141,22 @@ def run_epoch(n: Nitro, hooks: StepHooks, on_point: OnPoint | None) -> None:
             split.load_state_dict(data)  # drops its live iterator (a loader's workers) now
         assert epoch.start_rng is not None  # a mid-epoch point implies every_steps
         cursor = epoch.cursor
-        n._position = position.Position(cursor.batches, cursor.loss_sum, epoch.start_rng, data)
-        n._start_rng = held.rng if held is not None else rng.capture()
+        resumption = parts.resumption
+        resumption.position = Position(cursor.batches, cursor.loss_sum, epoch.start_rng, data)
+        resumption.start_rng = held.rng if held is not None else rng.capture()
         return
-    point(n, epoch, n.step, on_point, end=True)
+    point(n, parts, epoch, n.step, on_point, end=True)
 
 
-def wait_for_writes(n: Nitro, who: str) -> None:
-    """Wait for the write in flight and raise its error, on every rank at once (a
-    collective: every rank calls it at every point of a run that checkpoints, and at the
-    end of its ``train()``): records are committed by rank 0 alone (DDP's whole record,
-    FSDP's publish), so only rank 0 sees their errors, and the other ranks, going on, would
-    wait for it in the next collective forever (or, past ``train()``, read a manifest that
-    does not list the last record yet). Every rank says whether its write failed; those
-    whose own did not raise the failed rank's words."""
-    failed: Exception | None = None
-    try:
-        if n._writer is not None:  # every FSDP rank, or DDP's rank 0
-            n._writer.wait(who)
-    except Exception as exc:
-        failed = exc
-    if not n.dist.active:
-        if failed is not None:
-            raise failed
-        return
-    said = n.dist.gather(None if failed is None else f"{type(failed).__name__}: {failed}")
-    if failed is not None:
-        raise failed
-    for rank, words in enumerate(said):
-        if words is not None:
-            raise TrainingRefused(
-                f"Rank {rank}'s checkpoint write failed ({words}); every rank stops here. "
-                "The records listed in the manifest are intact: fix the cause, then continue "
-                "with resume='auto'."
-            )
-
-
-def point(n: Nitro, epoch: Epoch, step: int, on_point: OnPoint | None, end: bool = False) -> bool:
+def point(
+    n: Trainee, parts: Parts, epoch: Epoch, step: int, on_point: OnPoint | None, end: bool = False
+) -> bool:
     """One checkpoint point; returns whether the run stops here."""
     cursor = epoch.cursor
     batch = None if end else cursor.batches
     where = f"epoch {epoch.number}" + ("" if end else f" batch {batch}")
-    if n.checkpointer is not None:  # one write in flight: its error, if any, is raised here
-        wait_for_writes(n, f"The checkpoint point at {where} (step {step})")
+    if parts.writer is not None:  # one write in flight: its error, if any, is raised here
+        parts.writer.wait(f"The checkpoint point at {where} (step {step})")  # on every rank
     if not end:  # the epoch end was checked by the loop
         accumulate = n.stepper.accumulate if n.stepper is not None else 1
         check_finite(
@@ -142,7 +168,7 @@ def point(n: Nitro, epoch: Epoch, step: int, on_point: OnPoint | None, end: bool
     if metrics:
         name = type(n.experiment).__name__
         ranking.check_metrics(name, metrics, n.ranking, epoch.number, batch, step)
-    n.stop_reason = n._decide_stop(metrics)
+    n.stop_reason = parts.decide_stop(metrics)
     # log, then checkpoint (the record holds the logger's offset after this row)
     row: dict[str, Any] = {"epoch": epoch.number}
     if batch is not None:
@@ -159,24 +185,24 @@ def point(n: Nitro, epoch: Epoch, step: int, on_point: OnPoint | None, end: bool
     # every rank's generators and data state, for rank 0's record
     others = _rank_states(n, epoch, batch) if n.checkpointer is not None else None
     score = metrics.get(n.ranking.pair[0]) if n.ranking.pair[0] else None
-    if n._writer is not None:  # under FSDP every rank's (training.sharded_save)
-        n._writer.save(
+    if parts.writer is not None:  # every rank's: rank 0 commits, and writes what it alone writes
+        parts.writer.save(
             epoch.number,
             step,
             score,
             n.stop_reason,
-            lambda: snapshot(n, epoch, batch, others),
+            lambda: snapshot(n, parts, epoch, batch, others),
             batch,
         )
     if end:
-        n._progress.epoch_end(setup.summary(row))
+        parts.progress.epoch_end(setup.summary(row))
     epoch.clock = time.monotonic()
     if on_point is not None:
         on_point({**row, "val": dict(metrics)})  # the history's row stays as the record has it
     return n.stop_reason is not None
 
 
-def _rank_states(n: Nitro, epoch: Epoch, batch: int | None) -> list[ranks.RankState] | None:
+def _rank_states(n: Trainee, epoch: Epoch, batch: int | None) -> list[ranks.RankState] | None:
     """Every rank's generators and data state, gathered (a collective: every rank calls it
     at every point), or None in one process."""
     if not n.dist.active:
@@ -200,11 +226,11 @@ def _rank_states(n: Nitro, epoch: Epoch, batch: int | None) -> list[ranks.RankSt
     return states
 
 
-def _warn_unstored(n: Nitro, split: Any, why: str) -> None:
+def _warn_unstored(resumption: Resumption, split: Any, why: str) -> None:
     """Say once per handle that its mid-epoch records hold no data position, and why."""
-    if n._unstored_warned:
+    if resumption.unstored_warned:
         return
-    n._unstored_warned = True
+    resumption.unstored_warned = True
     warnings.warn(
         f"Mid-epoch records of this run hold no position of the train split "
         f"({type(split).__name__}): {why} Until then a resume from a mid-epoch record replays "
@@ -216,11 +242,15 @@ def _warn_unstored(n: Nitro, split: Any, why: str) -> None:
 
 
 def snapshot(
-    n: Nitro, epoch: Epoch, batch: int | None, others: list[ranks.RankState] | None = None
+    n: Trainee,
+    parts: Parts,
+    epoch: Epoch,
+    batch: int | None,
+    others: list[ranks.RankState] | None = None,
 ) -> records.Snapshot:
     """The handle's record snapshot, with where the epoch stands when it is mid-epoch (and,
     from several processes, every rank's generators and data state)."""
-    snap = n._snapshot()
+    snap = parts.snapshot()
     snap.header["batch"] = batch
     snap.header["position"] = None
     if batch is not None:
@@ -238,7 +268,7 @@ def snapshot(
                 snap.trees["data"] = state
             else:  # replayed on a resume, as a split without state_dict() is
                 snap.header["position"]["unstored"] = why
-                _warn_unstored(n, split, why)
+                _warn_unstored(parts.resumption, split, why)
     if others is not None:
         extra: dict[str, Any] = {}
         ranks.attach(snap.header, extra, others)

@@ -9,7 +9,11 @@ would make it inexact. A weights load takes parameters and layer state into a ne
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
 
 from nitro_core.averaging import average
 from nitro_core.errors import (
@@ -19,11 +23,14 @@ from nitro_core.errors import (
     ResumeRefused,
     TrainingRefused,
 )
-from nitro_core.experiment import config_diff
+from nitro_core.experiment import Experiment, config_diff
+from nitro_core.policy.selectors import Checkpointer
 from nitro_core.sources.grammar import Average, Pair, RunRef, Source
 from nitro_core.sources.resolve import Resolved, pick_best, resolve
 from nitro_core.sources.selection import check_keep_holds
 from nitro_core.state import ranks, records, rng
+from nitro_core.state.anchor import W0Anchor
+from nitro_core.state.ema import EMATracker
 from nitro_core.state.loading import (
     WEIGHTS,
     fresh_schedule,
@@ -33,17 +40,59 @@ from nitro_core.state.loading import (
 from nitro_core.store import manifest, shards
 from nitro_core.store.manifest import ManifestEntry
 from nitro_core.training import fsdp_state, position
+from nitro_core.training.distributed import Dist
+from nitro_core.training.loggers import Logger
+from nitro_core.training.options import LoadOptions
+from nitro_core.training.position import Position
+from nitro_core.training.ranking import Ranking
 from nitro_core.training.resume import ResumePoint
+from nitro_core.training.step import Stepper
+from nitro_core.training.stopping import EarlyStopper
 
-if TYPE_CHECKING:
-    from nitro_core.training.handle import Nitro
+
+class Restorable(Protocol):
+    """The handle as a restore sees it: public attributes only (``Nitro`` is one)."""
+
+    experiment: Experiment
+    checkpointer: Checkpointer | None
+    options: LoadOptions
+    run_dir: Path
+    run_id: str
+    seed: int
+    dist: Dist
+    ranking: Ranking
+    data: dict[str, Any]
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    plateau: Any
+    stepper: Stepper | None
+    early_stopper: EarlyStopper | None
+    ema: EMATracker | None
+    anchor: W0Anchor | None
+    logger: Logger
+    step: int
+    epoch: int
+    batch: int | None
+    history: list[dict[str, Any]]
+    checkpoint_source: Path | None
+    averaged_from: dict[str, Any] | None
 
 
-def restore_full(n: Nitro, point: ResumePoint) -> tuple[dict[str, Any] | None, rng.RngState]:
+@dataclass(frozen=True)
+class Restored:
+    """What a full resume leaves for ``train()``, beside the state loaded into the handle."""
+
+    logger_state: dict[str, Any] | None
+    start_rng: rng.RngState  # restored when train() starts
+    position: Position | None  # a mid-epoch record's: where its epoch stands
+
+
+def restore_full(n: Restorable, point: ResumePoint) -> Restored:
     """Load the full training state of ``point`` into ``n``; returns the logger state and the
     recorded RNG state, which the handle restores when ``train()`` starts (a draw between
-    construction and training must not move the resumed trajectory). A mid-epoch record
-    also leaves its data position on the handle, for ``train()`` to continue the epoch."""
+    construction and training must not move the resumed trajectory), and a mid-epoch
+    record's data position, for ``train()`` to continue the epoch."""
     _check_anchor(n, point)
     point.check_layout(records.model_layout(n.model, n.optimizer), n.logger.backend)
     if n.dist.strategy == "fsdp" and shards.is_sharded(point.path):  # this rank's pieces
@@ -75,15 +124,15 @@ def restore_full(n: Nitro, point: ResumePoint) -> tuple[dict[str, Any] | None, r
     if n.ema is not None and ema_state is not None:
         n.ema.load(ema_state, meta["ema_meta"]["num_updates"])
     n.step, n.epoch, n.batch = meta["step"], meta["epoch"], meta.get("batch")
-    n._position = position.read(rec)  # a mid-epoch record: where its epoch stands
-    if n._position is not None:
-        position.check_length(n._position, n.data["train"], n.epoch, point.file)
+    at = position.read(rec)  # a mid-epoch record: where its epoch stands
+    if at is not None:
+        position.check_length(at, n.data["train"], n.epoch, point.file)
     n.history = list(meta.get("history", []))
     n.averaged_from = meta.get("averaged_from")
-    return meta["logger"]["state"], (meta["rng"], rec.rng_tensors())
+    return Restored(meta["logger"]["state"], (meta["rng"], rec.rng_tensors()), at)
 
 
-def _warn_world_changed(meta: dict[str, Any], n: Nitro, file: str) -> None:
+def _warn_world_changed(meta: dict[str, Any], n: Restorable, file: str) -> None:
     """A resume on another number of processes carries the parameters and optimizer state
     over, but cannot be bit-for-bit: say why."""
     recorded = ranks.recorded_world(meta)
@@ -96,11 +145,11 @@ def _warn_world_changed(meta: dict[str, Any], n: Nitro, file: str) -> None:
         f"continues with the generators of recorded rank r % {recorded}. Launch with "
         f"torchrun --nproc_per_node {recorded} for an exact resume.",
         NitroWarning,
-        stacklevel=4,
+        stacklevel=5,
     )
 
 
-def _check_anchor(n: Nitro, point: ResumePoint) -> None:
+def _check_anchor(n: Restorable, point: ResumePoint) -> None:
     recorded = point.meta.get("decay_anchor", "zero")
     current = n.experiment.decay_anchor()
     if recorded != current:
@@ -122,7 +171,7 @@ def _check_anchor(n: Nitro, point: ResumePoint) -> None:
         )
 
 
-def load_weights(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None:
+def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) -> None:
     """Parameters and layer state (or the EMA copy) of ``source`` into a new run."""
     opts = n.options
     name = type(n.experiment).__name__
@@ -168,7 +217,7 @@ def load_weights(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
     n.averaged_from = rec.meta.get("averaged_from")
 
 
-def warn_config_changed(meta: dict[str, Any], n: Nitro, origin: str) -> None:
+def warn_config_changed(meta: dict[str, Any], n: Restorable, origin: str) -> None:
     """A weights load only warns about a changed plain config (the spec): it builds the
     model from the current experiment, so old weights under another graph are allowed."""
     diff = config_diff(meta["config"], n.experiment) if meta.get("config") else []
@@ -178,11 +227,11 @@ def warn_config_changed(meta: dict[str, Any], n: Nitro, origin: str) -> None:
             + "\n".join(diff)
             + "\nLoading them into the current experiment as asked.",
             NitroWarning,
-            stacklevel=5,
+            stacklevel=6,
         )
 
 
-def load_average(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None:
+def load_average(n: Restorable, source: Source, entries: list[ManifestEntry]) -> None:
     """``weights=... => Average(...)``: load the average into a new run."""
     resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
     result = average(resolved, n.run_dir, load_ema=n.options.load_ema)
@@ -196,7 +245,7 @@ def load_average(n: Nitro, source: Source, entries: list[ManifestEntry]) -> None
     n.averaged_from = result.averaged_from
 
 
-def restore_average(n: Nitro, avg: Average, entries: list[ManifestEntry]) -> Average | None:
+def restore_average(n: Restorable, avg: Average, entries: list[ManifestEntry]) -> Average | None:
     """``restore_best=Average(...)``: end training holding the run's own average."""
     source = Pair(RunRef("id", n.run_id), avg)
     try:
@@ -229,7 +278,7 @@ def restore_average(n: Nitro, avg: Average, entries: list[ManifestEntry]) -> Ave
 class BestRestorer:
     """``restore_best``: after training, hold the run's own best (or averaged) checkpoint."""
 
-    def __init__(self, n: Nitro, spec: bool | Average) -> None:
+    def __init__(self, n: Restorable, spec: bool | Average) -> None:
         self.n = n
         self.spec = spec
         self.holding: ManifestEntry | Average | None = None

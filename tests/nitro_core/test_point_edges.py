@@ -19,7 +19,7 @@ from pydantic import PrivateAttr
 from nitro_core import Nitro, NitroWarning, NonFiniteLoss, TensorBatches, read_manifest
 from nitro_core.store.recordio import read_header
 from nitro_core.training import loop
-from nitro_core.training.checkpointing import CheckpointWriter
+from nitro_core.training.checkpointing import OneFile
 
 from .steps import Steps, stop_at_step
 from .test_mid_epoch_resume import a_b_c, assert_same_run
@@ -179,15 +179,15 @@ def test_a_split_state_a_record_cannot_store_falls_back_to_the_replay(tmp_path):
 def committed_metas(monkeypatch: pytest.MonkeyPatch, gate: threading.Event | None = None) -> list:
     """Record the header of every record the writer commits (after ``gate`` is set)."""
     metas: list[dict[str, Any]] = []
-    real = CheckpointWriter._commit
+    real = OneFile._write
 
-    def commit(self: CheckpointWriter, reservation, entry, point, tensors, meta):
+    def write(self: OneFile, claim, tensors, meta):
         if gate is not None:
             gate.wait(30)
         metas.append(meta)
-        return real(self, reservation, entry, point, tensors, meta)
+        return real(self, claim, tensors, meta)
 
-    monkeypatch.setattr(CheckpointWriter, "_commit", commit)
+    monkeypatch.setattr(OneFile, "_write", write)
     return metas
 
 

@@ -32,14 +32,14 @@ def scalars(tb_dir, tag):
 def killed_at_epoch(epoch, run_dir, **kw):
     """Train until ``epoch`` has been logged, then die before its record is written."""
     n = Nitro(Tiny(max_epochs=4), run_dir=run_dir, **kw)
-    save = n._writer.save
+    save = n._parts.writer.save
 
     def dying(e, *args, **kwargs):
         if e == epoch:
             raise Killed
         return save(e, *args, **kwargs)
 
-    n._writer.save = dying
+    n._parts.writer.save = dying
     with pytest.raises(Killed):
         n.train()
     return n
