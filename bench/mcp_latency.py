@@ -34,6 +34,7 @@ import anyio
 from mcp import Client, StdioServerParameters
 
 from nitro_core.jobs import JobManager
+from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import JobSpec, JobStatus
 
 END = ("succeeded", "failed", "stopped", "lost")
@@ -206,9 +207,8 @@ def fake_jobs(root: Path, n: int) -> None:
         directory.mkdir(parents=True)
         created = f"2020-01-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}.000Z"
         run_dir = str(root / "runs" / f"r{i}")
-        spec = JobSpec(
-            job_id=job_id, kind="train", experiment="Regression", run_dir=run_dir, created=created
-        )
+        call = TrainCall(experiment="Regression", run_dir=run_dir)
+        spec = JobSpec(job_id=job_id, kind="train", call=call, created=created)
         status = JobStatus(job_id=job_id, kind="train", state="succeeded", phase="done", run_dir=run_dir,
                            epoch=5, created=created, ended=created, result={"run_id": f"{i:08x}"})  # fmt: skip
         (directory / "spec.json").write_text(spec.model_dump_json(indent=1))

@@ -38,6 +38,9 @@ _WHERE = {
     "Experiment": "nitro_core.experiment",
     "Host": "nitro_core.experiment",
     "export_weights": "nitro_core.export",
+    "AverageCall": "nitro_core.jobs.call_models",
+    "TrainCall": "nitro_core.jobs.call_models",
+    "ValidateCall": "nitro_core.jobs.call_models",
     "checkpoint_info": "nitro_core.info",
     "Best": "nitro_core.policy.selectors",
     "Checkpointer": "nitro_core.policy.selectors",
@@ -89,6 +92,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.experiment import Host as Host
     from nitro_core.export import export_weights as export_weights
     from nitro_core.info import checkpoint_info as checkpoint_info
+    from nitro_core.jobs.call_models import AverageCall as AverageCall
+    from nitro_core.jobs.call_models import TrainCall as TrainCall
+    from nitro_core.jobs.call_models import ValidateCall as ValidateCall
     from nitro_core.policy.selectors import Best as Best
     from nitro_core.policy.selectors import Checkpointer as Checkpointer
     from nitro_core.policy.selectors import Epochs as Epochs
@@ -131,6 +137,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Average",
+    "AverageCall",
     "Averaged",
     "Best",
     "Checked",
@@ -165,8 +172,10 @@ __all__ = [
     "TensorBatches",
     "TensorBoardLogger",
     "TopKCheckpointer",
+    "TrainCall",
     "TrainingRefused",
     "UnsafePath",
+    "ValidateCall",
     "__version__",
     "average_checkpoints",
     "checkpoint_info",

@@ -15,20 +15,29 @@ Flags are strict: a boolean parameter takes a JSON boolean only, so ``dry_run="n
 refused, naming what to send, and so is a string that spells a boolean in other words
 (``resume="no"``, ``restore_best="yes"``).
 
-An argument the SDK refuses (a value of the wrong type, a required one missing, an unknown
-one) is answered in the same words as a refused override, not in pydantic's:
-``seed='7x' is not an integer; send e.g. seed=0.`` (:func:`argument_errors`).
+Each tool's arguments are one pydantic model (:func:`arguments_model`: a call model such as
+``TrainCall`` with the tool's own parameters added, or the tool function's signature), which
+refuses an unknown argument by name. A refused argument (a value of the wrong type or out of
+its bounds, a required one missing, an unknown one) is answered in the same words as a
+refused override, not in pydantic's: ``seed='7x' is not an integer; send e.g. seed=0.``, or
+in the words of the field's own ``Refusal`` (:func:`argument_errors`).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+from collections.abc import Callable
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from mcp.server.mcpserver import Context
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
+from pydantic import model_validator as _model_validator
 
 from nitro_core.errors import ConfigError
 from nitro_core.experiment import Experiment
+from nitro_core.jobs.call_models import Refusal
 from nitro_mcp.echo import clip, clip_text
 
 
@@ -109,15 +118,94 @@ _SAMPLE = {
 }
 
 
-def argument_errors(schema: dict[str, Any], exc: ValidationError) -> str:
-    """The SDK's refusal of a call's arguments as one sentence per argument, each naming
-    what the argument takes and a value to send; ``schema`` is the tool's input schema."""
+class _Arguments(BaseModel):
+    """The arguments of a tool that has no call model: its signature's parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def arguments_model(
+    tool: str, base: type[BaseModel] = _Arguments, **fields: Any
+) -> type[BaseModel]:
+    """The model of ``tool``'s arguments: ``base``'s fields and ``fields`` (as
+    ``create_model`` takes them), refusing an unknown argument by name."""
+
+    def known(cls: type[BaseModel], data: Any) -> Any:
+        if isinstance(data, dict):
+            names = [info.alias or name for name, info in cls.model_fields.items()]  # as sent
+            unknown = sorted(set(data) - set(names))
+            if unknown:
+                raise ValueError(
+                    f"unknown argument {unknown[0]!r}; {tool} takes: {', '.join(names)}"
+                )
+        return data
+
+    # pydantic makes ``known`` a classmethod (its first parameter is ``cls``); the descriptor
+    # it returns is what create_model takes, though typed there as a callable
+    validators: dict[str, Any] = {"_known": _model_validator(mode="before")(known)}
+    model: type[BaseModel] = create_model(
+        f"{tool}Arguments", __base__=base, __validators__=validators, **fields
+    )
+    return model
+
+
+def signature_model(fn: Callable[..., Any]) -> type[BaseModel]:
+    """The arguments model of a tool function: one field per parameter but the context."""
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn, eval_str=True).parameters.values():
+        if not _is_context(param.annotation):
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[param.name] = (param.annotation, default)
+    return arguments_model(fn.__name__, **fields)
+
+
+def flat(fn: Callable[..., Any], model: type[BaseModel]) -> Callable[..., Any]:
+    """``fn(arguments, ctx)`` as a tool function with one parameter per field of ``model``
+    (the call's parameters flat, as an agent sends them) and the context, for the SDK."""
+
+    @functools.wraps(fn)
+    async def tool(ctx: Context | None = None, **arguments: Any) -> Any:
+        return await fn(model.model_validate(arguments), ctx)
+
+    params = [
+        inspect.Parameter(
+            info.alias or name, inspect.Parameter.KEYWORD_ONLY,
+            default=info.get_default(call_default_factory=True) if not info.is_required()
+            else inspect.Parameter.empty,
+            annotation=model.model_fields[name].rebuild_annotation(),
+        )
+        for name, info in model.model_fields.items()
+    ]  # fmt: skip
+    ctx = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, default=None,
+                            annotation=Context | None)  # fmt: skip
+    returns = inspect.signature(fn, eval_str=True).return_annotation
+    del tool.__wrapped__  # the signature is this one, not fn's
+    tool.__signature__ = inspect.Signature([*params, ctx], return_annotation=returns)  # type: ignore[attr-defined]
+    tool.__annotations__ = {p.name: p.annotation for p in (*params, ctx)} | {"return": returns}
+    return tool
+
+
+def _is_context(annotation: Any) -> bool:
+    arms = getattr(annotation, "__args__", (annotation,))
+    return any(isinstance(a, type) and issubclass(a, Context) for a in arms)
+
+
+def argument_errors(model: type[BaseModel], exc: ValidationError) -> str:
+    """A refusal of a call's arguments as one sentence per argument, each naming what the
+    argument takes and a value to send (or the field's own ``Refusal``); ``model`` is the
+    tool's arguments model."""
+    schema = _schema(model)
+    fields = {info.alias or name: info for name, info in model.model_fields.items()}
     parts: dict[str, str] = {}  # one per argument: a union reports each of its arms
     for err in exc.errors():
         if err["type"] == "value_error" and not err["loc"]:  # the server's own model check
             parts.setdefault("", str(err.get("ctx", {}).get("error", err["msg"])))
             continue
         name = str(err["loc"][0]) if err["loc"] else "arguments"
+        refusal = _refusal(fields.get(name))
+        if refusal is not None and err["type"] in _OUT_OF_BOUNDS:
+            parts.setdefault(name, refusal.say(clip(err.get("input"))).rstrip("."))
+            continue
         prop = schema.get("properties", {}).get(name, {})
         if err["type"] == "bool_type" and [a.get("type") for a in _arms(prop)] == ["boolean"]:
             parts.setdefault(name, _not_a_boolean(name, err.get("input"), prop))
@@ -128,6 +216,21 @@ def argument_errors(schema: dict[str, Any], exc: ValidationError) -> str:
             text = f"{name}={clip(err.get('input'))} is not {_expected(prop)}"
         parts.setdefault(name, f"{text}; send e.g. {name}={_value(_example(prop))}")
     return "; ".join(parts.values()) + "."
+
+
+# a value of the right type outside the field's bounds or closed set: its Refusal says it
+_OUT_OF_BOUNDS = frozenset(
+    {"greater_than", "greater_than_equal", "less_than", "less_than_equal", "literal_error"}
+)
+
+
+@functools.cache
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema(by_alias=True)
+
+
+def _refusal(info: Any) -> Refusal | None:
+    return next((m for m in getattr(info, "metadata", ()) if isinstance(m, Refusal)), None)
 
 
 _FALSE_WORDS = ("false", "no", "n", "off", "f", "0")

@@ -15,10 +15,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
 
 from nitro_core._version import __version__
 from nitro_core.errors import NitroError
+from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
+
+C = TypeVar("C", bound=BaseModel)
 
 _BULKY: tuple[str, ...] = ("rng", "optimizer", "history", "layout", "scheduler", "plateau")
 _BULKY += ("logger", "position", "data")  # position, data: a mid-epoch record's place
@@ -88,32 +94,7 @@ def _parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train an experiment in this process")
     _experiment_args(train)
-    train.add_argument("--resume", default="false", help="'false', 'auto' or a source")
-    train.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="processes, launched through torch.distributed.run (default: 1)",
-    )
-    train.add_argument(
-        "--strategy",
-        choices=("auto", "ddp", "fsdp"),
-        default="auto",
-        help="several processes: 'auto' (DDP), 'ddp' or 'fsdp' (default: auto)",
-    )
-    train.add_argument("--weights", help="a source whose parameters start a new run")
-    train.add_argument(
-        "--restore-best", default="false", help="'true', 'false' or 'Average(Last(10))'"
-    )
-    train.add_argument(
-        "--seed", type=int, help="the run's seed (default: 0; a resume takes the record's)"
-    )
-    train.add_argument(
-        "--logger",
-        choices=("jsonl", "tensorboard"),
-        help="the metrics logger (default: the experiment's logger(), JSONL unless it says so); "
-        "tensorboard writes logs/tb/<run>/ beside the JSONL log",
-    )
+    _call_args(train, TrainCall, skip=("experiment", "run_dir", "overrides"))
 
     validate = sub.add_parser(
         "validate", help="evaluate a checkpoint on a split and print its metrics"
@@ -168,6 +149,37 @@ def _describe(sub: Any) -> None:
         command.formatter_class = argparse.RawDescriptionHelpFormatter
         if name in EXAMPLES:
             command.epilog = f"example:\n  {EXAMPLES[name]}"
+
+
+def _call_args(p: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[str, ...]) -> None:
+    """One option per field of the call ``model`` (but ``skip``): ``--restore-best`` for
+    ``restore_best``, its choices from a ``Literal``, its help from the field's description,
+    so a new field of the call is a new option here too."""
+    for name, info in model.model_fields.items():
+        if name in skip:
+            continue
+        flag, default = f"--{name.replace('_', '-')}", info.get_default(call_default_factory=True)
+        helps = f"{(info.description or '').replace('%', '%%')} (default: %(default)s)"
+        ann = info.annotation
+        arms = [
+            a
+            for a in (get_args(ann) if isinstance(ann, UnionType) else (ann,))
+            if a is not type(None)
+        ]
+        literal = next((get_args(a) for a in arms if get_origin(a) is Literal), None)
+        if arms == [bool]:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=helps)
+        elif literal is not None:
+            p.add_argument(flag, choices=literal, default=default, help=helps)
+        else:
+            kind = int if int in arms and str not in arms else str
+            p.add_argument(flag, type=kind, default=default, help=helps)
+
+
+def _call(model: type[C], args: argparse.Namespace, **fields: Any) -> C:
+    """The call ``model`` the parsed options spell (with ``fields`` for those parsed apart)."""
+    given = {k: v for k, v in vars(args).items() if k in model.model_fields}
+    return model.model_validate({**given, **fields})
 
 
 def _experiment_args(p: argparse.ArgumentParser) -> None:
@@ -238,30 +250,23 @@ def _experiment(args: argparse.Namespace, from_record: Any = None) -> Any:
 def _train(args: argparse.Namespace) -> int:
     from nitro_core import Nitro  # lazy
 
-    if not 1 <= args.nproc <= 64:
-        print(f"nitro train: --nproc {args.nproc} is not 1 to 64; e.g. --nproc 2.", file=sys.stderr)
+    try:
+        call = _call(TrainCall, args, experiment=args.experiment, run_dir=args.run_dir)
+    except ValidationError as exc:
+        print(f"nitro train: {_cli_errors(exc)}", file=sys.stderr)
         return 2
-    if args.nproc > 1 and "RANK" not in os.environ:  # no more ranks than GPUs, or than CPUs
+    if call.nproc > 1 and "RANK" not in os.environ:  # no more ranks than GPUs, or than CPUs
         from nitro_core.jobs.ranks import process_limit  # lazy: it imports torch
 
         limit, what = process_limit("auto")
-        if args.nproc > limit:
-            print(f"nitro train: --nproc {args.nproc} is more processes than this machine has "
+        if call.nproc > limit:
+            print(f"nitro train: --nproc {call.nproc} is more processes than this machine has "
                   f"room for: {what}; e.g. --nproc {limit}.", file=sys.stderr)  # fmt: skip
             return 2
-    if args.nproc > 1 and "RANK" not in os.environ:  # launch the ranks, each running this
-        return _launch_ranks(args.nproc, args.argv)
+    if call.nproc > 1 and "RANK" not in os.environ:  # launch the ranks, each running this
+        return _launch_ranks(call.nproc, args.argv)
 
-    n = Nitro(
-        _experiment(args),
-        run_dir=args.run_dir,
-        seed=args.seed,
-        resume=args.resume,
-        weights=args.weights,
-        restore_best=args.restore_best,
-        logger=args.logger,
-        strategy=args.strategy,
-    )
+    n = Nitro(_experiment(args), **call.nitro_kwargs())
     main_rank = int(os.environ.get("RANK", "0")) == 0  # rank 0 prints for the job
 
     def on_epoch(row: dict[str, Any]) -> None:
@@ -273,6 +278,26 @@ def _train(args: argparse.Namespace) -> int:
         print(f"run {n.run_id} in {n.run_dir}: {n.stop_reason} at epoch {n.epoch}", file=sys.stderr)
     n.close()
     return 0
+
+
+def _cli_errors(exc: ValidationError) -> str:
+    """A refused option in the terminal's words: ``--nproc 0 is not 1 to 64; e.g. --nproc 2.``"""
+    parts = []
+    for err in exc.errors():
+        flag = f"--{str(err['loc'][0]).replace('_', '-')}" if err["loc"] else "the options"
+        bounds = [m for m in _bounds(err["loc"])]
+        if err["type"] in ("greater_than_equal", "less_than_equal") and len(bounds) == 2:
+            low, high = bounds
+            parts.append(f"{flag} {err['input']} is not {low} to {high}; e.g. {flag} {low + 1}.")
+        else:
+            parts.append(f"{flag} {err['input']!r}: {err['msg']}.")
+    return " ".join(parts)
+
+
+def _bounds(loc: tuple[Any, ...]) -> list[Any]:
+    info = TrainCall.model_fields.get(str(loc[0])) if loc else None
+    found = {type(m).__name__: m for m in (info.metadata if info else [])}
+    return [found["Ge"].ge, found["Le"].le] if {"Ge", "Le"} <= set(found) else []
 
 
 def _launch_ranks(nproc: int, argv: list[str]) -> int:
@@ -297,14 +322,15 @@ def _launch_ranks(nproc: int, argv: list[str]) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from nitro_core import Nitro  # lazy
 
-    exp = _experiment(args, from_record=args.weights)  # the record's own config, --set on top
-    n = Nitro(exp, run_dir=args.run_dir, weights=args.weights, load_ema=args.load_ema)
+    call = _call(ValidateCall, args)
+    exp = _experiment(args, from_record=call.weights)  # the record's own config, --set on top
+    n = Nitro(exp, **call.nitro_kwargs())
     print(
         json.dumps(
             {
                 "checkpoint": str(n.checkpoint_source),
-                "split": args.split,
-                "metrics": n.evaluate(args.split),
+                "split": call.split,
+                "metrics": n.evaluate(call.split),
             },
             indent=2,
         )
@@ -316,8 +342,9 @@ def _average(args: argparse.Namespace) -> int:
     run_dir = _run_directory(args.run_dir)
     from nitro_core import average_checkpoints  # lazy
 
-    result = average_checkpoints(run_dir, args.source, save=args.save)
-    print(json.dumps({"averaged_from": result.averaged_from, "saved": args.save}, indent=2))
+    call = _call(AverageCall, args, run_dir=str(run_dir))
+    result = average_checkpoints(**call.average_kwargs(), save=call.save)
+    print(json.dumps({"averaged_from": result.averaged_from, "saved": call.save}, indent=2))
     return 0
 
 

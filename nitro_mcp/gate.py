@@ -20,7 +20,8 @@ from nitro_core.errors import ConfigError, NitroError
 from nitro_core.experiment import Experiment
 from nitro_core.info import checkpoint_info
 from nitro_core.jobs import JobManager, JobStatus
-from nitro_core.jobs.calls import after_end, train_arguments
+from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
+from nitro_core.jobs.calls import after_end, arguments, train_arguments
 from nitro_core.jobs.files import TERMINAL, JobSpec, job_dir, log_tail
 from nitro_core.jobs.ranks import process_limit
 from nitro_core.policy import retention
@@ -129,23 +130,20 @@ class Gate:
         return resolve(rooted, run_dir, manifest.read_manifest(run_dir)).path
 
     # -- nitro_train ------------------------------------------------------------------------------
-    def train(
-        self, experiment: str, run_dir: str | None, resume: bool | str, weights: str | None, restore_best: bool | str,
-        restore_optimizer: bool, strict: bool, seed: int | None, overrides: dict[str, Any] | None, device: str,
-        after_running: bool = False, logger: str | None = None, nproc: int = 1,
-        strategy: str = "auto",
-    ) -> models.JobHandle:  # fmt: skip
-        resume, restore_best = flag_text(resume, "resume"), flag_text(restore_best, "restore_best")
-        _check_processes(nproc, strategy)
+    def train(self, call: TrainCall, after_running: bool = False) -> models.JobHandle:
+        resume = flag_text(call.resume, "resume")
+        restore_best = flag_text(call.restore_best, "restore_best")
+        experiment, overrides, weights = call.experiment, call.overrides, call.weights
         cls = self._class(experiment, overrides)
-        where = self._run_dir(run_dir, experiment)
-        opts = check_options(resume, weights, restore_optimizer, restore_best, False, strict)
-        observe.check_logger_name(logger)
-        args = train_arguments(
-            experiment=experiment, run_dir=shown(self.root, where), resume=resume, weights=weights,
-            restore_best=restore_best, restore_optimizer=restore_optimizer, strict=strict, seed=seed,
-            overrides=overrides or {}, device=device, logger=logger, nproc=nproc, strategy=strategy,
-        )  # fmt: skip
+        where = self._run_dir(call.run_dir, experiment)
+        opts = check_options(
+            resume, weights, call.restore_optimizer, restore_best, False, call.strict
+        )
+        observe.check_logger_name(call.logger)  # tensorboard installed here
+        call = call.model_copy(
+            update={"run_dir": str(where), "resume": resume, "restore_best": restore_best}
+        )
+        args = train_arguments(**{**call.model_dump(), "run_dir": shown(self.root, where)})
         busy = record_config.busy_job(self.jobs, where)
         if busy is not None and not after_running:
             raise record_config.refuse_busy(busy, args)
@@ -157,30 +155,25 @@ class Gate:
             point = resume_from_source(self._rooted(opts.resume, where, "resume"), where, entries)
             point.check_resumable()
         if point is None:
-            exp = cls(**(overrides or {}))  # unknown or ill-typed fields raise ConfigError
+            exp = cls(**overrides)  # unknown or ill-typed fields raise ConfigError
         else:  # the recorded config, overrides changing Host fields only
             # queued behind a job, the run may have trained on by its start: its worker checks
             exp = record_config.resume_experiment(
                 cls, point, overrides, args, busy is None, self.registry
             )
             point.check_config(exp)
-        observe.check_logger(logger, point, exp, args)
+        observe.check_logger(call.logger, point, exp, args)
         if opts.weights is not None:
             found = self._check_source(opts.weights, where, "weights")
-            check_record_fits(exp, found, strict, shown(self.root, found) or str(found),
+            check_record_fits(exp, found, call.strict, shown(self.root, found) or str(found),
                               "nitro_train", args, self.registry)  # fmt: skip
         if isinstance(opts.restore_best, Average):
             check_keep_holds(exp.checkpointer(), opts.restore_best, exp.max_epochs)
-        _check_seed(seed)
-        _check_device(device)
-        _check_process_limit(nproc, device)
-        status = self.jobs.submit(
-            kind="train", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
-            run_dir=str(where), seed=seed, resume=resume, weights=weights, restore_best=restore_best,
-            restore_optimizer=restore_optimizer, strict=strict, device=device,
-            after=busy.job_id if busy is not None else None, logger=logger, nproc=nproc,
-            strategy=strategy,
-        )  # fmt: skip
+        _check_seed(call.seed)
+        _check_device(call.device)
+        _check_process_limit(call.nproc, call.device)
+        after = busy.job_id if busy is not None else None
+        status = self.jobs.submit(call, after=after, experiment_modules=self.modules)
         behind = f"It starts when job {busy.job_id} ends. " if busy is not None else ""
         return self._handle(
             status,
@@ -191,61 +184,39 @@ class Gate:
 
     # -- nitro_validate -----------------------------------------------------------------------------
     async def validate(
-        self, experiment: str, run_dir: str | None, weights: str, split: str, load_ema: bool,
-        overrides: dict[str, Any] | None, wait_s: float, progress: Progress | None,
-    ) -> models.ValidateResult:  # fmt: skip
-        status, notes = await anyio.to_thread.run_sync(
-            lambda: self._submit_validate(
-                experiment, run_dir, weights, split, load_ema, overrides, wait_s
-            )
-        )
+        self, call: ValidateCall, wait_s: float, progress: Progress | None
+    ) -> models.ValidateResult:
+        status, notes = await anyio.to_thread.run_sync(lambda: self._submit_validate(call))
         status = await self._wait(status.job_id, wait_s, progress)
         result = status.result or {}
         return models.ValidateResult(
-            job_id=status.job_id, state=status.state, metrics=result.get("metrics"), split=split,
+            job_id=status.job_id, state=status.state, metrics=result.get("metrics"), split=call.split,
             checkpoint=shown(self.root, result.get("checkpoint")),
             averaged_from=shrink(result.get("averaged_from"), AVERAGED_FROM_MAX),
             error=job_error(status), next=_next(status, self._hint(status)),
             warnings=record_config.warnings_of(notes, result),
         )  # fmt: skip
 
-    def _submit_validate(
-        self, experiment: str, run_dir: str | None, weights: str, split: str, load_ema: bool,
-        overrides: dict[str, Any] | None, wait_s: float,
-    ) -> tuple[JobStatus, list[str]]:  # fmt: skip
+    def _submit_validate(self, call: ValidateCall) -> tuple[JobStatus, list[str]]:
+        experiment, overrides = call.experiment, call.overrides
         cls = self._class(experiment, overrides)
-        where = self._run_dir(run_dir, experiment)
-        _check_wait(wait_s, 60)
-        opts = check_options(False, weights, False, False, load_ema, True)
+        where = self._run_dir(call.run_dir, experiment)
+        opts = check_options(False, call.weights, False, False, call.load_ema, True)
         assert opts.weights is not None  # weights is a string, so it became a source
         rooted = self._rooted(opts.weights, where, "weights")
         exp, notes, path = record_config.from_record(cls, rooted, where, overrides)  # its config
-        call: dict[str, Any] = {
-            "experiment": experiment, "run_dir": shown(self.root, where), "weights": weights,
-        }  # fmt: skip
-        call.update(
-            {k: v for k, v in (("split", split), ("load_ema", load_ema)) if v not in ("val", False)}
-        )
-        call.update({"overrides": overrides} if overrides else {})
+        call = call.model_copy(update={"run_dir": str(where)})
+        args = arguments(ValidateCall, {**call.model_dump(), "run_dir": shown(self.root, where)})
         check_record_fits(exp, path, True, shown(self.root, path) or str(path), "nitro_validate",
-                          call, self.registry)  # fmt: skip
-        self._check_split(experiment, split)
-        return self.jobs.submit(
-            kind="validate", experiment=experiment, experiment_modules=self.modules, overrides=overrides or {},
-            run_dir=str(where), weights=weights, split=split, load_ema=load_ema,
-        ), notes  # fmt: skip
+                          args, self.registry)  # fmt: skip
+        self._check_split(experiment, call.split)
+        return self.jobs.submit(call, experiment_modules=self.modules), notes
 
     # -- average -----------------------------------------------------------------------------------
     async def average(
-        self, run_dir: str, source: str, save: str | None, experiment: str | None, validate: bool,
-        wait_s: float, progress: Progress | None, overrides: dict[str, Any] | None = None,
-        split: str = "val",
-    ) -> models.AverageResult:  # fmt: skip
-        status, notes = await anyio.to_thread.run_sync(
-            lambda: self._submit_average(
-                run_dir, source, save, experiment, validate, wait_s, overrides, split
-            )
-        )
+        self, call: AverageCall, wait_s: float, progress: Progress | None
+    ) -> models.AverageResult:
+        status, notes = await anyio.to_thread.run_sync(lambda: self._submit_average(call))
         status = await self._wait(status.job_id, wait_s, progress)
         result = status.result or {}
         return models.AverageResult(
@@ -255,12 +226,10 @@ class Gate:
             next=_next(status, self._hint(status)), warnings=record_config.warnings_of(notes, result),
         )  # fmt: skip
 
-    def _submit_average(
-        self, run_dir: str, source: str, save: str | None, experiment: str | None, validate: bool, wait_s: float,
-        overrides: dict[str, Any] | None = None, split: str = "val",
-    ) -> tuple[JobStatus, list[str]]:  # fmt: skip
+    def _submit_average(self, call: AverageCall) -> tuple[JobStatus, list[str]]:
+        run_dir, source, save, experiment = call.run_dir, call.source, call.save, call.experiment
+        overrides, split = call.overrides, call.split
         where = directory_inside_root(self.root, run_dir, "run_dir")
-        _check_wait(wait_s, 60)
         src = to_source(source, "source")
         if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
             raise ConfigError(
@@ -284,7 +253,7 @@ class Gate:
                     f"save={clip(save)} already exists; Nitro never overwrites it. Choose a new name."
                 )
         notes: list[str] = []
-        if not validate:
+        if not call.validate_average:
             self._check_source(src, where, "source")
             record_config.refuse_unused(run_dir, source, overrides, split)
         else:  # the state record's config, the call's overrides on top
@@ -293,30 +262,29 @@ class Gate:
             )
             cls = self._class(experiment, overrides)
             exp, notes, path = record_config.from_record(cls, src, where, overrides)
-            call: dict[str, Any] = {
+            args: dict[str, Any] = {
                 "run_dir": run_dir,
                 "source": source,
                 "validate": True,
                 "experiment": experiment,
             }
-            call.update({"overrides": overrides} if overrides else {})
-            call.update({"split": split} if split != "val" else {})
+            args.update({"overrides": overrides} if overrides else {})
+            args.update({"split": split} if split != "val" else {})
             check_record_fits(exp, path, True, shown(self.root, path) or str(path), "average",
-                              call, self.registry)  # fmt: skip
+                              args, self.registry)  # fmt: skip
             self._check_split(experiment, split)
-        return self.jobs.submit(
-            kind="average", experiment=experiment, experiment_modules=self.modules, run_dir=str(where),
-            source=source, save=str(saved) if saved else None, validate_average=validate,
-            overrides=overrides or {}, split=split,
-        ), notes  # fmt: skip
+        call = call.model_copy(
+            update={"run_dir": str(where), "save": str(saved) if saved else None,
+                    "experiment": experiment}
+        )  # fmt: skip
+        return self.jobs.submit(call, experiment_modules=self.modules), notes
 
     # -- nitro_status, nitro_jobs, nitro_stop ---------------------------------------------------------
     async def status(
         self, job_id: str, wait_s: float, progress: Progress | None, until: str = "change",
         brief: bool = False,
     ) -> models.JobStatusResult:  # fmt: skip
-        _check_wait(wait_s, following.FOLLOW_WAIT_S)
-        by_epoch = following.check_until(until) == "change"
+        by_epoch = until == "change"
         status = self.jobs.status(_job_id(job_id))
         if wait_s > 0 and status.state not in TERMINAL:
             status = await self._wait(
@@ -341,7 +309,7 @@ class Gate:
             raise ConfigError(
                 f"state={clip(state)} is not a job state; write queued, running, succeeded, failed, stopped or lost."
             )
-        start, limit = _page(cursor, limit, 100)
+        start, limit = _page(cursor, limit)
         pruned = None
         if prune_older_than_h is not None:  # ended jobs' directories, before the listing
             pruned = pruning.prune_jobs(self.jobs, prune_older_than_h, dry_run)
@@ -387,7 +355,7 @@ class Gate:
         if not catalog.holds_manifest(where):  # the run directories below it, with a hint
             return catalog.run_dirs(self.root, where, limit, cursor)
         entries = manifest.read_manifest(where)
-        start, limit = _page(cursor, limit, 100)
+        start, limit = _page(cursor, limit)
         runs = list(dict.fromkeys(e.run for e in reversed(entries)))  # last written first
         out = [_run_summary(entries, run) for run in runs[start : start + limit]]
         shown_n = fit(out, limit)  # a page stays within the reply budget
@@ -411,7 +379,7 @@ class Gate:
     def manifest_page(self, run_dir: str, limit: int, cursor: str | None) -> models.ManifestPage:
         where = self._existing_dir(run_dir)
         entries = manifest.read_manifest(where)
-        start, limit = _page(cursor, limit, 200)
+        start, limit = _page(cursor, limit)
         end = start + fit(entries[start:], limit)  # a page stays within the reply budget
         return models.ManifestPage(
             run_dir=shown(self.root, where), total=len(entries), entries=entries[start:end],
@@ -555,11 +523,6 @@ class Gate:
         )  # fmt: skip
 
 
-def _check_wait(wait_s: float, most: float) -> None:
-    if not 0 <= wait_s <= most:
-        raise ConfigError(f"wait_s={wait_s:g} is out of range; give 0 to {most:g} seconds.")
-
-
 def _check_seed(seed: int | None) -> None:
     if isinstance(seed, int) and seed.bit_length() > 64:  # too long to echo whole, or to repr
         raise ConfigError(
@@ -598,9 +561,8 @@ def _run_summary(entries: list[manifest.ManifestEntry], run: str) -> models.RunS
     )  # fmt: skip
 
 
-def _page(cursor: str | None, limit: int, most: int) -> tuple[int, int]:
-    if not 1 <= limit <= most:
-        raise ConfigError(f"limit={clip(limit)} is out of range; give 1 to {most}.")
+def _page(cursor: str | None, limit: int) -> tuple[int, int]:
+    """The first item and the count of a page (``limit`` is in range: the tool's Field)."""
     if cursor is None:
         return 0, limit
     if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 9):
@@ -644,23 +606,6 @@ def _elapsed(status: JobStatus) -> float | None:
 
 
 __all__ = ["Gate", "NitroError"]
-
-
-MAX_NPROC = 64
-
-
-def _check_processes(nproc: Any, strategy: Any) -> None:
-    """``nproc`` and ``strategy`` of ``nitro_train``, refused here with what to send."""
-    if isinstance(nproc, bool) or not isinstance(nproc, int) or not 1 <= nproc <= MAX_NPROC:
-        raise ConfigError(
-            f"nproc={clip(nproc)} is not a process count; send an integer from 1 to {MAX_NPROC}, "
-            "e.g. nproc=2 (one process per GPU, or several on CPU with the gloo backend)."
-        )
-    if strategy not in ("auto", "ddp", "fsdp"):
-        raise ConfigError(
-            f"strategy={clip(strategy)} is not a strategy; send 'auto' (DDP when nproc > 1), "
-            "'ddp' or 'fsdp'."
-        )
 
 
 def _check_process_limit(nproc: int, device: str) -> None:

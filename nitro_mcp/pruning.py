@@ -82,7 +82,9 @@ def _job_using(root: Path, jobs: JobManager, where: Path) -> JobStatus | None:
             spec = jobs.spec(status.job_id)
         except NitroError:
             continue
-        for text in (spec.weights, spec.resume, spec.source, spec.restore_best):
+        for text in (
+            getattr(spec.call, k, None) for k in ("weights", "resume", "source", "restore_best")
+        ):
             if _is_path(text):  # a record file or a record directory
                 for base in (root, Path(spec.run_dir)):
                     if where in (base / text).resolve().parents:

@@ -10,17 +10,18 @@ Four rules, each one place:
   gives the rest.
 - Free-form data in a reply (a record's header, what an average was made of) is cut to a
   share of the budget by :func:`shrink`, which says what it left out.
-- The tool listing (``tools/list``) is trimmed to what an agent reads: input schemas keep
-  their descriptions and defaults but lose pydantic's titles, and ``X | None`` is written
-  ``"type": [X, "null"]``; an output schema says only that the reply is an object (its
-  fields are in the tool's description and in every reply). The complete schemas stay in
-  ``schemas/`` (``list_tools(full=True)`` gives them).
+- The tool listing (``tools/list``) carries every tool's input and output schema, written
+  short by :class:`ListingSchema` (no titles, nullable types as type lists), so the whole
+  listing stays under ``LISTING_MAX`` characters of compact JSON. The complete schemas, with
+  titles, stay in ``schemas/`` (``list_tools(full=True)`` gives them).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
@@ -28,13 +29,14 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from mcp.types import Tool as MCPTool
 from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import DEFAULT_REF_TEMPLATE, GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from nitro_mcp.arguments import argument_errors
 
 REPLY_MAX = 8_000  # characters of a default reply's text
 PAGE_BUDGET = 6_000  # characters a page's items may take, leaving room for the rest
-_SCHEMA_MAPS = ("properties", "$defs", "patternProperties")  # name -> schema, not keywords
-_LITERAL = ("default", "const", "enum", "examples")  # values, not schemas
+LISTING_MAX = 24_000  # characters of the whole tool listing, compact JSON, output schemas included
 
 
 def compact(result: Any) -> Any:
@@ -94,89 +96,139 @@ def _cut(value: Any, items: int, chars: int, keys: int | None) -> Any:
 
 
 class NitroServer(MCPServer):
-    """``MCPServer`` whose tool listing is trimmed for agents (the module docstring says how)
-    and whose refusal of a call's arguments says what to send (``arguments.argument_errors``)
-    instead of repeating pydantic's report."""
+    """``MCPServer`` whose tools each have an arguments model of their own (refusing an
+    unknown argument, and any refused argument answered by ``arguments.argument_errors``
+    in words that say what to send) and whose tool listing is compact for agents: the
+    schemas of the listing come from :class:`ListingSchema` (the complete ones, with
+    titles, from pydantic's default generator: ``list_tools(full=True)`` and ``schemas/``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._arguments: dict[str, type[BaseModel]] = {}  # tool name -> its arguments model
+        self._returns: dict[str, type[BaseModel] | None] = {}  # and its reply model
+
+    def add_nitro_tool(
+        self, fn: Callable[..., Any], arguments: type[BaseModel], description: str
+    ) -> None:
+        """Register ``fn`` (whose signature the SDK reads) as a tool taking ``arguments``."""
+        returns = inspect.signature(fn, eval_str=True).return_annotation
+        model = returns if isinstance(returns, type) and issubclass(returns, BaseModel) else None
+        self._arguments[fn.__name__], self._returns[fn.__name__] = arguments, model
+        self.add_tool(fn, description=description)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Any = None
     ) -> CallToolResult | InputRequiredResult:
-        tool = self._tool_manager.get_tool(name)
-        if tool is not None:
+        model = self._arguments.get(name)
+        if model is not None:
             try:
-                tool.fn_metadata.validate_arguments(arguments)
+                model.model_validate(_pre_parse(model, arguments))
             except ValidationError as exc:
                 raise ToolError(
-                    f"Error executing tool {name}: {argument_errors(tool.parameters, exc)}"
+                    f"Error executing tool {name}: {argument_errors(model, exc)}"
                 ) from exc
         return await super().call_tool(name, arguments, context)
 
     async def list_tools(self, full: bool = False) -> list[MCPTool]:
         tools = await super().list_tools()
-        if full:
-            return tools
-        return [
-            tool.model_copy(
-                update={
-                    "input_schema": trim_input(tool.input_schema),
-                    "output_schema": trim_output(tool.output_schema),
-                }
-            )
-            for tool in tools
-        ]
+        out = []
+        for tool in tools:
+            model, returns = self._arguments.get(tool.name), self._returns.get(tool.name)
+            if model is None:  # not a Nitro tool: as the SDK lists it
+                out.append(tool)
+                continue
+            schemas: dict[str, Any] = {"input_schema": _schema(model, full)}
+            if not full:  # the complete output schema is the SDK's, from the same model
+                schemas["output_schema"] = (
+                    None if returns is None else _schema(returns, False, True)
+                )
+            out.append(tool.model_copy(update=schemas))
+        return out
 
 
-def trim_input(schema: Any, top: bool = True) -> Any:
-    """The schema without titles, the top level's ``additionalProperties: false`` (the
-    server refuses an unknown argument by name) or a default ``true``; an optional argument whose default is null
-    is listed by its other type (leaving it out says null), and ``anyOf`` of plain types
-    becomes a list of types."""
-    if isinstance(schema, list):
-        return [trim_input(s, False) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in _plain_union(_not_null(schema)).items():
-        if key == "title" or (key == "additionalProperties" and value is (False if top else True)):
-            continue  # additionalProperties: true is the default anyway
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: trim_input(s, False) for name, s in value.items()}
-        else:
-            out[key] = value if key in _LITERAL else trim_input(value, False)
+def _pre_parse(model: type[BaseModel], arguments: dict[str, Any]) -> dict[str, Any]:
+    """``arguments`` as the SDK reads them: a list or an object sent as JSON text, to an
+    argument that takes no string, is the list or object it spells."""
+    fields = {info.alias or name: info for name, info in model.model_fields.items()}
+    out = dict(arguments)
+    for key, value in arguments.items():
+        info = fields.get(key)
+        if info is None or not isinstance(value, str) or info.annotation is str:
+            continue
+        try:
+            parsed = json.loads(value)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(parsed, str | int | float):
+            out[key] = parsed
     return out
 
 
-def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
-    """``{"anyOf": [X, {"type": "null"}], "default": null, ...}`` as ``{**X, ...}``."""
-    arms = schema.get("anyOf")
-    if "default" not in schema or schema["default"] is not None or not isinstance(arms, list):
-        return schema
-    rest = [a for a in arms if a != {"type": "null"}]
-    if len(rest) == len(arms):
-        return schema
-    kept = {k: v for k, v in schema.items() if k not in ("anyOf", "default")}
-    return {**rest[0], **kept} if len(rest) == 1 else {**kept, "anyOf": rest}
+@functools.cache
+def _schema(model: type[BaseModel], full: bool, output: bool = False) -> dict[str, Any]:
+    if full:
+        return model.model_json_schema(by_alias=True)
+    generator = OutputListingSchema if output else ListingSchema
+    return model.model_json_schema(by_alias=True, schema_generator=generator)
 
 
-def trim_output(schema: dict[str, Any] | None) -> dict[str, Any] | None:
-    """An object: the reply's fields are in the tool's description and in every reply, and
-    the complete schema is in ``schemas/``."""
-    return None if schema is None else {"type": "object"}
+class ListingSchema(GenerateJsonSchema):
+    """The input schemas of the tool listing, as short as they can be and still say what to
+    send: no titles (the names say it) and no ``additionalProperties: false`` (an unknown
+    argument is refused by name), ``X | None`` written ``"type": [X, "null"]``, an optional
+    argument whose default is null listed by its other type (leaving it out says null), an
+    enum without its type, and an object of any values written ``{"type": "object"}``.
+    Enums, bounds, defaults and descriptions stay; nested models are shared ``$defs``."""
+
+    def __init__(self, by_alias: bool = True, ref_template: str = DEFAULT_REF_TEMPLATE,
+                 union_format: Any = "primitive_type_array") -> None:  # fmt: skip
+        super().__init__(by_alias, ref_template, union_format="primitive_type_array")
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+    def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
+        out = super().model_schema(schema)
+        out.pop("title", None)
+        if out.get("additionalProperties") is False:
+            del out["additionalProperties"]
+        return out
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        inner = schema["schema"]
+        if schema.get("default", ...) is None and inner["type"] == "nullable":
+            return self.generate_inner(inner["schema"])
+        return super().default_schema(schema)
+
+    def literal_schema(self, schema: core_schema.LiteralSchema) -> JsonSchemaValue:
+        out = super().literal_schema(schema)
+        if "enum" in out:
+            out.pop("type", None)  # the values say it
+        return out
+
+    def dict_schema(self, schema: core_schema.DictSchema) -> JsonSchemaValue:
+        out = super().dict_schema(schema)
+        if out.get("additionalProperties") is True:
+            del out["additionalProperties"]  # true is the default
+        return out
 
 
-def _plain_union(schema: dict[str, Any]) -> dict[str, Any]:
-    arms = schema.get("anyOf")
-    if isinstance(arms, list) and arms and all(_plain(a) for a in arms):
-        rest = {k: v for k, v in schema.items() if k != "anyOf"}
-        return {**rest, "type": [a["type"] for a in arms]}
-    return schema
+class OutputListingSchema(ListingSchema):
+    """The output schemas of the tool listing: the replies' structure (every field, its
+    type, null where a reply may hold null, enums, what is always present), without the
+    descriptions and defaults (the tool's description and ``schemas/`` say what each field
+    means)."""
 
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        return self.generate_inner(schema["schema"])  # a reply's field has no default; null stays
 
-def _plain(arm: Any) -> bool:
-    """``{"type": X}`` (an open object counts: ``additionalProperties: true`` is the default)."""
-    return (
-        isinstance(arm, dict)
-        and isinstance(arm.get("type"), str)
-        and set(arm) <= {"type", "additionalProperties"}
-        and arm.get("additionalProperties", True) is True
-    )
+    def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
+        out = super().model_schema(schema)
+        out.pop("description", None)
+        return out
+
+    def model_fields_schema(self, schema: core_schema.ModelFieldsSchema) -> JsonSchemaValue:
+        out = super().model_fields_schema(schema)
+        for prop in out.get("properties", {}).values():
+            prop.pop("description", None)
+        return out

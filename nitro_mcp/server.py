@@ -14,18 +14,19 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
-import pydantic
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import TextContent
-from pydantic import Field, StrictBool
+from pydantic import BaseModel, Field, StrictBool
 
 from nitro_core import __version__
 from nitro_core.errors import NitroError
+from nitro_core.jobs.call_models import AverageCall, Refusal, TrainCall, ValidateCall
 from nitro_mcp import models, observe
+from nitro_mcp.arguments import arguments_model, flat, signature_model
 from nitro_mcp.echo import clip
 from nitro_mcp.experiments import IMPORT_TIMEOUT_S
 from nitro_mcp.gate import Gate
@@ -33,6 +34,7 @@ from nitro_mcp.phrasing import for_tool
 from nitro_mcp.replies import NitroServer, compact
 
 log = logging.getLogger(__name__)
+C = TypeVar("C", bound=BaseModel)
 WATCH_S = 2.0  # how often the server looks for a queued job that can start
 
 INSTRUCTIONS = """Nitro trains PyTorch experiments and keeps checkpoints you can trust.
@@ -43,23 +45,65 @@ stopped or lost. Checkpoints are named by sources such as
 'latest => best', 'a1b2c3d4 => latest' or 'latest => Average(Last(10))'. nitro_validate
 evaluates one; average averages several. Jobs survive this connection: nitro_jobs lists them."""
 
-Source = Annotated[
-    str,
-    Field(description="A checkpoint source, e.g. 'latest => best', '<run id> => latest', "
-          "'latest => Average(Last(10))', or a .safetensors path inside the root."),
-]  # fmt: skip
-Overrides = Annotated[
-    dict[str, Any] | None,
-    Field(description="Config fields to set, e.g. {\"max_epochs\": 3}; on top of the record's "
-          "config when validating or resuming (a resume changes Host fields only). "
-          "nitro_experiments lists the fields."),
-]  # fmt: skip
-RunDir = Annotated[
-    str | None, Field(description="Run directory inside the root; default runs/<experiment>.")
+
+def _wait(most: int, what: str, default: float) -> Any:
+    """A ``wait_s`` parameter: 0 to ``most`` seconds."""
+    return (
+        Annotated[
+            float,
+            Field(ge=0, le=most, description=f"Seconds to wait for {what}, 0 to {most}."),
+            Refusal(f"wait_s={{value}} is out of range; give 0 to {most} seconds."),
+        ],
+        default,
+    )
+
+
+def _limit_refusal(most: int) -> Refusal:
+    return Refusal(f"limit={{value}} is out of range; give 1 to {most}.")
+
+
+JobsLimit = Annotated[
+    int, Field(ge=1, le=100, description="Jobs per page, 1 to 100."), _limit_refusal(100)
 ]
-Experiment = Annotated[
-    str, Field(description="A registered experiment name (nitro_experiments lists them).")
+RunsLimit = Annotated[
+    int, Field(ge=1, le=100, description="Run directories per page, 1 to 100."), _limit_refusal(100)
 ]
+EntriesLimit = Annotated[
+    int, Field(ge=1, le=200, description="Entries per page, 1 to 200."), _limit_refusal(200)
+]
+
+
+TrainArguments = arguments_model(
+    "nitro_train",
+    TrainCall,
+    after_running=(StrictBool, Field(default=False, description="When a job already trains "
+                   "run_dir: queue this one to start when it ends (false: refuse).")),
+)  # fmt: skip
+ValidateArguments = arguments_model(
+    "nitro_validate", ValidateCall, wait_s=_wait(60, "the metrics", 20)
+)
+AverageArguments = arguments_model("average", AverageCall, wait_s=_wait(60, "the result", 20))
+Cursor = Annotated[str | None, Field(description="next_cursor of the previous page.")]
+
+
+def _call(model: type[C], arguments: BaseModel) -> C:
+    """The call in a tool's arguments: the fields of ``model``, without the tool's own."""
+    return model.model_validate(arguments.model_dump(include=set(model.model_fields)))
+
+
+def _tool(
+    server: NitroServer, description: str, arguments: type[BaseModel] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a tool function: with ``arguments`` (a call model's), ``fn(arguments, ctx)``
+    takes that model's fields flat; without, the function's own parameters."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        model = arguments or signature_model(fn)
+        tool = fn if arguments is None else flat(fn, model)
+        server.add_nitro_tool(_tool_errors(tool), model, description)
+        return fn
+
+    return register
 
 
 def _tool_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -141,168 +185,46 @@ def build_server(
         "nitro", instructions=INSTRUCTIONS, version=__version__, lifespan=_watch_queue(gate)
     )
 
-    @server.tool(description="Start training an experiment as a background job and return at once with "
-                 "its job_id (state queued or running). Next: nitro_status(job_id, wait_s=25, until='end', brief=true).")  # fmt: skip
-    @_tool_errors
-    async def nitro_train(
-        experiment: Experiment,
-        run_dir: RunDir = None,
-        resume: Annotated[
-            StrictBool | str,
-            Field(
-                description="false (a new run), 'auto' (continue the latest record, "
-                "or start fresh), or a source to resume exactly."
-            ),
-        ] = "false",
-        weights: Annotated[
-            str | None,
-            Field(
-                description="A source whose parameters start a new run "
-                "(fresh optimizer), e.g. 'latest => best'."
-            ),
-        ] = None,
-        restore_best: Annotated[
-            StrictBool | str,
-            Field(
-                description="false, true (end holding the run's best "
-                "checkpoint) or 'Average(Last(10))'."
-            ),
-        ] = "false",
-        restore_optimizer: Annotated[
-            StrictBool, Field(description="With weights: also take its optimizer state.")
-        ] = False,
-        strict: Annotated[
-            StrictBool, Field(description="False: load weights by name, warning about the rest.")
-        ] = True,
-        seed: Annotated[
-            int | None, Field(description="Seed for every RNG; default 0 (a resume keeps its own).")
-        ] = None,
-        overrides: Overrides = None,
-        device: Annotated[str, Field(description="'auto', 'cpu' or 'cuda:0'.")] = "auto",
-        after_running: Annotated[
-            StrictBool,
-            Field(
-                description="When a job already trains run_dir: queue this one to start when "
-                "it ends (false: refuse)."
-            ),
-        ] = False,
-        logger: Annotated[
-            str | None,
-            Field(
-                description="'jsonl' or 'tensorboard' (also writes logs/tb/<run>/); default "
-                "the experiment's logger(). A resume keeps the run's."
-            ),
-        ] = None,
-        nproc: Annotated[
-            int, Field(description="Processes (torch.distributed.run), e.g. one per GPU.")
-        ] = 1,
-        strategy: Annotated[
-            str, Field(description="'auto' (DDP when nproc > 1), 'ddp' or 'fsdp'.")
-        ] = "auto",
-    ) -> models.JobHandle:
-        return await _off_loop(
-            gate.train,
-            experiment,
-            run_dir,
-            resume,
-            weights,
-            restore_best,
-            restore_optimizer,
-            strict,
-            seed,
-            overrides,
-            device,
-            after_running,
-            logger,
-            nproc,
-            strategy,
-        )
+    @_tool(server, "Start training an experiment as a background job and return at once with its "
+           "job_id (state queued or running). Next: nitro_status(job_id, wait_s=25, until='end', brief=true).",
+           TrainArguments)  # fmt: skip
+    async def nitro_train(arguments: Any, ctx: Context | None) -> models.JobHandle:
+        return await _off_loop(gate.train, _call(TrainCall, arguments), arguments.after_running)
 
-    @server.tool(description="Evaluate a checkpoint on a split. Returns the metrics when the job ends within "
-                 "wait_s, otherwise the job_id to follow with nitro_status.")  # fmt: skip
-    @_tool_errors
-    async def nitro_validate(
-        experiment: Experiment,
-        run_dir: RunDir = None,
-        weights: Source = "latest => best",
-        split: Annotated[
-            str, Field(description="The data split to evaluate, e.g. 'val' or 'test'.")
-        ] = "val",
-        load_ema: Annotated[
-            StrictBool, Field(description="Evaluate the checkpoint's EMA weights.")
-        ] = False,
-        overrides: Overrides = None,
-        wait_s: Annotated[
-            float, Field(description="Seconds to wait for the metrics, 0 to 60.")
-        ] = 20,
-        ctx: Context | None = None,
-    ) -> models.ValidateResult:
-        return await gate.validate(
-            experiment, run_dir, weights, split, load_ema, overrides, wait_s, _progress(ctx)
-        )
+    @_tool(server, "Evaluate a checkpoint on a split. Returns the metrics when the job ends within "
+           "wait_s, otherwise the job_id to follow with nitro_status.", ValidateArguments)  # fmt: skip
+    async def nitro_validate(arguments: Any, ctx: Context | None) -> models.ValidateResult:
+        call = _call(ValidateCall, arguments)
+        return await gate.validate(call, arguments.wait_s, _progress(ctx))
 
-    @server.tool(description="Average checkpoints of one run (uniform, streamed in float64). Returns "
-                 "averaged_from, the saved path when save is given, and metrics when validate=true.")  # fmt: skip
-    @_tool_errors
-    async def average(
-        run_dir: Annotated[str, Field(description="The run directory inside the root.")],
-        source: Annotated[
-            str,
-            Field(
-                description="What to average: 'latest => Average(Last(10))', "
-                "'<run id> => Average(Best(5; among=Last(20)))', 'latest => Average(Epochs(8:10))'."
-            ),
-        ] = "latest => Average(Last(10))",
-        save: Annotated[
-            str | None,
-            Field(
-                description="Write the average as a record here (inside the root; "
-                "never overwritten)."
-            ),
-        ] = None,
-        experiment: Annotated[
-            str | None,
-            Field(description="With validate=true; default: the one the record was written by."),
-        ] = None,
-        validate: Annotated[
-            StrictBool, Field(description="Also evaluate the average on split.")
-        ] = False,
-        wait_s: Annotated[
-            float, Field(description="Seconds to wait for the result, 0 to 60.")
-        ] = 20,
-        overrides: Annotated[
-            dict[str, Any] | None,
-            Field(
-                description="With validate=true: config fields to change from the record's, "
-                'e.g. {"batch_size": 256}.'
-            ),
-        ] = None,
-        split: Annotated[
-            str, Field(description="With validate=true: the data split to evaluate.")
-        ] = "val",
-        ctx: Context | None = None,
-    ) -> models.AverageResult:
-        return await gate.average(
-            run_dir, source, save, experiment, validate, wait_s, _progress(ctx), overrides, split
-        )
+    @_tool(server, "Average checkpoints of one run (uniform, streamed in float64). Returns "
+           "averaged_from, the saved path when save is given, and metrics when validate=true.",
+           AverageArguments)  # fmt: skip
+    async def average(arguments: Any, ctx: Context | None) -> models.AverageResult:
+        call = _call(AverageCall, arguments)
+        return await gate.average(call, arguments.wait_s, _progress(ctx))
 
-    @server.tool(description="A job's state, phase, epoch, step, progress inside the epoch (batch, loss, ETA), "
+    @_tool(server, "A job's state, phase, epoch, step, progress inside the epoch (batch, loss, ETA), "
                  "last metrics, kept checkpoints, error, hint, result and log tail. wait_s (0-25) long-polls with "
                  "progress notifications; to follow a job cheaply: wait_s=25, until='end', brief=true.")  # fmt: skip
-    @_tool_errors
     async def nitro_status(
         job_id: Annotated[
             str, Field(description="The job_id nitro_train, nitro_validate or average returned.")
         ],
         wait_s: Annotated[
-            float, Field(description="Long-poll up to this many seconds, 0 to 25.")
+            float,
+            Field(ge=0, le=25, description="Long-poll up to this many seconds, 0 to 25."),
+            Refusal("wait_s={value} is out of range; give 0 to 25 seconds."),
         ] = 0,
         until: Annotated[
-            str,
+            Literal["change", "end"],
             Field(
                 description="'change': return at the next epoch end too; 'end': only when the "
-                "job ends (or wait_s passes).",
-                json_schema_extra={"enum": ["change", "end"]},
+                "job ends (or wait_s passes)."
+            ),
+            Refusal(
+                "until={value} is not a way to wait; write until='end' (return when the job "
+                "ends or wait_s passes) or until='change' (also at each epoch's end)."
             ),
         ] = "change",
         brief: Annotated[
@@ -313,23 +235,21 @@ def build_server(
     ) -> models.JobStatusResult:
         return await gate.status(job_id, wait_s, _progress(ctx), until, brief)
 
-    @server.tool(description="List jobs, newest first, including those started before this server restarted. "
+    @_tool(server, "List jobs, newest first, including those started before this server restarted. "
                  "Paginated: pass next_cursor back as cursor.")  # fmt: skip
-    @_tool_errors
     async def nitro_jobs(
         state: Annotated[Literal["queued", "running", "succeeded", "failed", "stopped", "lost"] | None,
                          Field(description="Only jobs in this state.")] = None,
-        limit: Annotated[int, Field(description="Jobs per page, 1 to 100.")] = 20,
-        cursor: Annotated[str | None, Field(description="next_cursor of the previous page.")] = None,
+        limit: JobsLimit = 20,
+        cursor: Cursor = None,
         prune_older_than_h: Annotated[float | None, Field(
             description="Remove jobs that ended over this many hours ago.")] = None,
         dry_run: Annotated[StrictBool, Field(description="false: prune for real.")] = True,
     ) -> models.JobsPage:  # fmt: skip
         return await _off_loop(gate.list_jobs, state, limit, cursor, prune_older_than_h, dry_run)
 
-    @server.tool(description="Stop a job. Graceful by default: the epoch finishes, validates and checkpoints "
+    @_tool(server, "Stop a job. Graceful by default: the epoch finishes, validates and checkpoints "
                  "(stop_reason 'requested'). force=true kills it now; the run stays resumable with resume='auto'.")  # fmt: skip
-    @_tool_errors
     async def nitro_stop(
         job_id: Annotated[str, Field(description="The job to stop.")],
         force: Annotated[
@@ -338,23 +258,19 @@ def build_server(
     ) -> models.StopResult:
         return await _off_loop(gate.stop, job_id, force)
 
-    @server.tool(description="Without run_dir: every run directory under the root, paginated. With run_dir: "
+    @_tool(server, "Without run_dir: every run directory under the root, paginated. With run_dir: "
                  "its runs (checkpoints, epochs, best score, parent); name one as '<run> => best'.")  # fmt: skip
-    @_tool_errors
     async def nitro_runs(
         run_dir: Annotated[
             str | None, Field(description="A run directory; omit to list them all.")
         ] = None,
-        limit: Annotated[int, Field(description="Run directories per page, 1 to 100.")] = 20,
-        cursor: Annotated[
-            str | None, Field(description="next_cursor of the previous page.")
-        ] = None,
+        limit: RunsLimit = 20,
+        cursor: Cursor = None,
     ) -> models.RunsResult:
         return await _off_loop(gate.runs, run_dir, limit, cursor)
 
-    @server.tool(description="Compare 2 to 8 runs: the plain config fields that differ, best and final "
+    @_tool(server, "Compare 2 to 8 runs: the plain config fields that differ, best and final "
                  "metrics, epochs, wall time and parent.")  # fmt: skip
-    @_tool_errors
     async def nitro_compare(
         sources: Annotated[
             list[str],
@@ -363,9 +279,8 @@ def build_server(
     ) -> models.CompareResult:  # fmt: skip
         return await _off_loop(gate.compare, sources)
 
-    @server.tool(description="Delete a run (records, entries, points, log) or some records. A dry run by "
+    @_tool(server, "Delete a run (records, entries, points, log) or some records. A dry run by "
                  "default: shows what would go; dry_run=false frees the space. Refused while a job uses it.")  # fmt: skip
-    @_tool_errors
     async def nitro_delete(
         run_dir: Annotated[str, Field(description="A run directory inside the root.")],
         run: Annotated[
@@ -378,9 +293,8 @@ def build_server(
     ) -> models.DeleteResult:
         return await _off_loop(gate.delete, run_dir, run, files, dry_run)
 
-    @server.tool(description="Write a checkpoint's weights (state-dict names, with provenance) to a new "
+    @_tool(server, "Write a checkpoint's weights (state-dict names, with provenance) to a new "
                  ".safetensors file inside the root.")  # fmt: skip
-    @_tool_errors
     async def nitro_export(
         source: Annotated[str, Field(description="'latest => best', another source, or a path.")],
         path: Annotated[str, Field(description="A new .safetensors file (never overwritten).")],
@@ -388,38 +302,32 @@ def build_server(
     ) -> models.ExportResult:
         return await _off_loop(gate.export, source, path, run_dir)
 
-    @server.tool(description="The manifest of a run directory: one entry per kept checkpoint (file, epoch, "
+    @_tool(server, "The manifest of a run directory: one entry per kept checkpoint (file, epoch, "
                  "step, score, metric, mode, stop_reason, run, parent, written, bytes, digest). Paginated.")  # fmt: skip
-    @_tool_errors
     async def nitro_manifest(
         run_dir: Annotated[str, Field(description="A run directory inside the root.")],
-        limit: Annotated[int, Field(description="Entries per page, 1 to 200.")] = 20,
-        cursor: Annotated[
-            str | None, Field(description="next_cursor of the previous page.")
-        ] = None,
+        limit: EntriesLimit = 20,
+        cursor: Cursor = None,
     ) -> models.ManifestPage:
         return await _off_loop(gate.manifest_page, run_dir, limit, cursor)
 
-    @server.tool(description="A checkpoint's header without loading its tensors: epoch, step, seed, run, config, "
+    @_tool(server, "A checkpoint's header without loading its tensors: epoch, step, seed, run, config, "
                  "metrics, stop_reason, averaged_from and a layout summary.")  # fmt: skip
-    @_tool_errors
     async def nitro_checkpoint_info(
         path: Annotated[str, Field(description="A .safetensors record inside the root.")],
     ) -> models.CheckpointInfoResult:
         return await _off_loop(gate.checkpoint_info, path)
 
-    @server.tool(description="Check every byte of a record, or of each record in a run directory, "
+    @_tool(server, "Check every byte of a record, or of each record in a run directory, "
                  "against its digests.")  # fmt: skip
-    @_tool_errors
     async def nitro_verify(
         path: Annotated[str, Field(description="A record or a run directory inside the root.")],
     ) -> models.VerifyResult:
         return await _off_loop(gate.verify, path)
 
-    @server.tool(description="The registered experiments: config fields with types, defaults and Host marks "
+    @_tool(server, "The registered experiments: config fields with types, defaults and Host marks "
                  "(Host fields may change on resume), splits, monitor; and each --experiment-module with its "
                  "import error.")  # fmt: skip
-    @_tool_errors
     async def nitro_experiments(
         name: Annotated[
             str | None, Field(description="One experiment; default all (bounded).")
@@ -427,9 +335,8 @@ def build_server(
     ) -> models.ExperimentsResult:
         return await _off_loop(gate.experiments, name)
 
-    @server.tool(description="A run's metric history from its log: one row per epoch (epoch, step, train_loss, "
+    @_tool(server, "A run's metric history from its log: one row per epoch (epoch, step, train_loss, "
                  "lr, val.<metric>, seconds), newest last, bounded; next says how many rows exist and how to see more.")  # fmt: skip
-    @_tool_errors
     async def nitro_history(
         run_dir: Annotated[str, Field(description="A run directory inside the root.")],
         run: Annotated[
@@ -449,9 +356,8 @@ def build_server(
             )
         )
 
-    @server.tool(description="A PNG of a run's curves (one panel per metric, epoch on x, one line per run), "
+    @_tool(server, "A PNG of a run's curves (one panel per metric, epoch on x, one line per run), "
                  "returned as image content. Needs matplotlib: pip install 'nitro[plot]'.")  # fmt: skip
-    @_tool_errors
     async def nitro_plot(
         run_dir: Annotated[str, Field(description="A run directory inside the root.")],
         runs: Annotated[
@@ -468,32 +374,4 @@ def build_server(
         )
         return [Image(data=png, format="png"), TextContent(type="text", text=caption)]
 
-    _forbid_unknown_arguments(server)
     return server
-
-
-def _forbid_unknown_arguments(server: MCPServer) -> None:
-    """Make a misspelled argument an error instead of a silently ignored one: the SDK's
-    argument models ignore extra keys, so each tool's model is replaced by a subclass that
-    forbids them (and says so in its schema)."""
-    for tool in server._tool_manager.list_tools():  # no public hook for this in mcp 2.3
-        base = tool.fn_metadata.arg_model
-        names = [info.alias or field for field, info in base.model_fields.items()]  # as sent
-
-        def check(cls: Any, data: Any, names: list[str] = names, tool: str = tool.name) -> Any:
-            if isinstance(data, dict):
-                unknown = sorted(set(data) - set(names))
-                if unknown:
-                    raise ValueError(
-                        f"unknown argument {unknown[0]!r}; {tool} takes: {', '.join(names)}"
-                    )
-            return data
-
-        # pydantic makes ``check`` a classmethod (its first parameter is ``cls``); the
-        # descriptor it returns is what create_model takes, though typed there as a callable
-        validators: dict[str, Any] = {"_known": pydantic.model_validator(mode="before")(check)}
-        strict = pydantic.create_model(base.__name__, __base__=base, __validators__=validators)
-        strict.model_config["extra"] = "forbid"
-        strict.model_rebuild(force=True)
-        tool.fn_metadata.arg_model = strict
-        tool.parameters = strict.model_json_schema(by_alias=True)

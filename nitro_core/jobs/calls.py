@@ -13,14 +13,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from nitro_core.jobs.call_models import Call, TrainCall, defaults
 from nitro_core.jobs.files import JobSpec
 
-# a tool's arguments and their defaults (an argument at its default is left out of a call)
-_TRAIN_DEFAULTS: dict[str, Any] = {
-    "resume": "false", "weights": None, "restore_best": "false", "restore_optimizer": False,
-    "strict": True, "seed": None, "overrides": {}, "device": "auto", "after_running": False,
-    "logger": None, "nproc": 1, "strategy": "auto",
-}  # fmt: skip
+TOOLS = {"train": "nitro_train", "validate": "nitro_validate", "average": "average"}
+
+# what a call is about: written even at its default (``nitro_validate(..., weights='latest =>
+# best')``); every other argument at its default is left out
+_NAMED = frozenset({"experiment", "run_dir", "weights", "source"})
 
 
 def tool_call(tool: str, args: Mapping[str, Any]) -> str:
@@ -49,26 +49,34 @@ def shown(root: Path, path: str | Path | None) -> str | None:
         return str(path)
 
 
+def arguments(model: type[Call], args: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments without those at the defaults of ``model``'s fields (a name that
+    is not a field of it is kept), in the order given."""
+    default = defaults(model)
+    return {
+        k: v
+        for k, v in args.items()
+        if k not in default or v != default[k] or (k in _NAMED and v is not None)
+    }
+
+
 def train_arguments(**args: Any) -> dict[str, Any]:
     """``nitro_train`` arguments without those at their defaults, in the order given."""
-    return {k: v for k, v in args.items() if k not in _TRAIN_DEFAULTS or v != _TRAIN_DEFAULTS[k]}
+    return arguments(TrainCall, args)
 
 
 def train_call(spec: JobSpec, root: Path, **changes: Any) -> str:
     """The ``nitro_train`` call of a train job, with ``changes`` applied."""
-    return tool_call("nitro_train", spec_train_arguments(spec, root, **changes))
+    return tool_call("nitro_train", spec_arguments(spec, root, **changes))
 
 
-def spec_train_arguments(spec: JobSpec, root: Path, **changes: Any) -> dict[str, Any]:
-    """A train job's ``nitro_train`` arguments, with ``changes`` applied."""
-    args: dict[str, Any] = {
-        "experiment": spec.experiment, "run_dir": shown(root, spec.run_dir), "resume": spec.resume,
-        "weights": spec.weights, "restore_best": spec.restore_best,
-        "restore_optimizer": spec.restore_optimizer, "strict": spec.strict, "seed": spec.seed,
-        "overrides": spec.overrides, "device": spec.device, "logger": spec.logger,
-        "nproc": spec.nproc, "strategy": spec.strategy,
-    }  # fmt: skip
-    return train_arguments(**{**args, **changes})
+def spec_arguments(spec: JobSpec, root: Path, **changes: Any) -> dict[str, Any]:
+    """A job's call as its tool's arguments (paths shown from the root), ``changes`` applied."""
+    args = spec.call.model_dump(by_alias=True)
+    for path in ("run_dir", "save"):
+        if args.get(path) is not None:
+            args[path] = shown(root, args[path])
+    return arguments(type(spec.call), {**args, **changes})
 
 
 def resume_call(spec: JobSpec, root: Path, **changes: Any) -> str:
@@ -82,31 +90,7 @@ def resume_call(spec: JobSpec, root: Path, **changes: Any) -> str:
 
 def same_call(spec: JobSpec, root: Path) -> str:
     """The call that made the job, to send again."""
-    if spec.kind == "train":
-        return train_call(spec, root)
-    if spec.kind == "validate":
-        args: dict[str, Any] = {
-            "experiment": spec.experiment, "run_dir": shown(root, spec.run_dir),
-            "weights": spec.weights, "split": spec.split, "load_ema": spec.load_ema,
-            "overrides": spec.overrides,
-        }  # fmt: skip
-        defaults: dict[str, Any] = {"split": "val", "load_ema": False, "overrides": {}}
-        name = "nitro_validate"
-    else:
-        args = {
-            "run_dir": shown(root, spec.run_dir), "source": spec.source,
-            "save": shown(root, spec.save), "experiment": spec.experiment,
-            "validate": spec.validate_average, "overrides": spec.overrides, "split": spec.split,
-        }  # fmt: skip
-        defaults = {
-            "save": None,
-            "experiment": None,
-            "validate": False,
-            "overrides": {},
-            "split": "val",
-        }
-        name = "average"
-    return tool_call(name, {k: v for k, v in args.items() if k not in defaults or v != defaults[k]})
+    return tool_call(TOOLS[spec.kind], spec_arguments(spec, root))
 
 
 def after_end(spec: JobSpec, root: Path, state: str, run_id: str | None) -> str:

@@ -18,10 +18,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nitro_core.errors import UnsafePath
-from nitro_core.store import recordio as store
+from nitro_core.jobs.call_models import CALLS, Call
+from nitro_core.store.atomic import Replace
 from nitro_core.store.safeio import flocked, open_nofollow
 
 JobKind = Literal["train", "validate", "average"]
@@ -34,35 +35,88 @@ TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "lost"})
 
 
 class JobSpec(BaseModel):
-    """Everything a worker needs; validated by the server before the job is created."""
+    """Everything a worker needs: the call (validated by the server before the job is
+    created) and the job's bookkeeping."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     job_id: str
     kind: JobKind
-    experiment: str | None = None
-    experiment_modules: list[str] = Field(default_factory=list)
-    overrides: dict[str, Any] = Field(default_factory=dict)
-    run_dir: str
-    seed: int | None = None
-    resume: str = "false"
-    weights: str | None = None
-    restore_best: str = "false"
-    restore_optimizer: bool = False
-    strict: bool = True
-    load_ema: bool = False
-    split: str = "val"
-    source: str | None = None
-    save: str | None = None
-    validate_average: bool = False
-    device: str = "auto"
-    nproc: int = Field(default=1, ge=1, le=64)  # processes, through torch.distributed.run
-    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
-    logger: Literal["jsonl", "tensorboard"] | None = None  # None: the experiment's logger()
+    call: Call  # a TrainCall, ValidateCall or AverageCall, as ``kind`` says
+    experiment_modules: list[str] = Field(default_factory=list)  # what the worker imports
     after: str | None = None  # a job this one waits for: it stays queued until that one ends
     max_jobs: int = Field(default=2, ge=0)  # the submitting server's limit, for the worker's pump
     max_eval_jobs: int = Field(default=2, ge=0)  # its limit on validate and average jobs
     created: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _call_of_its_kind(cls, data: Any) -> Any:
+        """Read ``call`` as the model ``kind`` names (a union would guess among them); a
+        ``spec.json`` of the flat format is read as :func:`from_flat` says."""
+        if isinstance(data, dict) and "call" not in data:
+            data = from_flat(data)
+        if isinstance(data, dict) and isinstance(data.get("call"), dict):
+            model = CALLS.get(data.get("kind"))  # type: ignore[arg-type]
+            if model is not None:
+                data = {**data, "call": model.model_validate(data["call"])}
+        return data
+
+    @model_validator(mode="after")
+    def _kind_matches(self) -> JobSpec:
+        if self.call.kind != self.kind:
+            raise ValueError(f"a {self.kind} job's call is a {type(self.call).__name__}")
+        return self
+
+    @property
+    def experiment(self) -> str | None:
+        return self.call.experiment
+
+    @property
+    def run_dir(self) -> str:
+        """The call's run directory, resolved by the server (a spec always names one)."""
+        assert self.call.run_dir is not None
+        return self.call.run_dir
+
+    @property
+    def nproc(self) -> int:
+        """The processes the job runs on (a training's ``nproc``; 1 otherwise)."""
+        return getattr(self.call, "nproc", 1)
+
+
+# The flat ``spec.json`` of Nitro before the call models: the call's fields beside the job's
+# bookkeeping, every field written, those a kind never takes at these defaults. Jobs survive
+# a server restart, and an upgrade is one, so that format keeps reading.
+_BOOKKEEPING = frozenset(
+    {"job_id", "kind", "experiment_modules", "after", "max_jobs", "max_eval_jobs", "created"}
+)
+_FLAT_DEFAULTS: dict[str, Any] = {
+    "experiment": None, "overrides": {}, "seed": None, "resume": "false", "weights": None,
+    "restore_best": "false", "restore_optimizer": False, "strict": True, "load_ema": False,
+    "split": "val", "source": None, "save": None, "validate_average": False, "device": "auto",
+    "nproc": 1, "strategy": "auto", "logger": None,
+}  # fmt: skip
+
+
+def from_flat(data: dict[str, Any]) -> dict[str, Any]:
+    """A flat spec (no ``call``) as a spec of today: each field the call model of its
+    ``kind`` has moves into ``call``; one it lacks is dropped when at its flat default (the
+    old server wrote every field), and else left beside, where it is refused by name."""
+    model = CALLS.get(data.get("kind"))  # type: ignore[arg-type]
+    if model is None:
+        return data  # refused by the kind's Literal
+    fields = {info.alias or name for name, info in model.model_fields.items()} | set(
+        model.model_fields
+    )
+    spec: dict[str, Any] = {"call": {}}
+    for key, value in data.items():
+        if key in _BOOKKEEPING:
+            spec[key] = value
+        elif key in fields:
+            spec["call"][key] = value
+        elif key not in _FLAT_DEFAULTS or value != _FLAT_DEFAULTS[key]:
+            spec[key] = value
+    return spec
 
 
 class EpochProgress(BaseModel):
@@ -157,7 +211,7 @@ def _read_bytes(directory: Path, name: str) -> bytes:
 def write_json(path: Path, model: BaseModel) -> None:
     body = model.model_dump_json(indent=1).encode()
     checked(path.parent)
-    store.commit(lambda f: f.write(body), path)  # a .tmp never followed, renamed over a link
+    Replace(path).commit(lambda f: f.write(body))  # a .tmp never followed, renamed over a link
 
 
 def read_spec(directory: Path) -> JobSpec:

@@ -23,11 +23,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from nitro_core.errors import CheckpointNotFound, ConfigError, UnsafePath
+from nitro_core.jobs.call_models import Call
 from nitro_core.jobs.files import (
     STORE_NAME,
     TERMINAL,
@@ -66,8 +67,11 @@ class JobManager:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     # -- creating and starting ------------------------------------------------------------------
-    def submit(self, **fields: Any) -> JobStatus:
-        """Create a job from spec fields (validated already) and start it when a slot is free."""
+    def submit(
+        self, call: Call, after: str | None = None, experiment_modules: Sequence[str] = ()
+    ) -> JobStatus:
+        """Create a job running ``call`` (validated already) and start it when a slot is
+        free; ``after``: a job it waits for; ``experiment_modules``: what its worker imports."""
         job_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
         directory = job_dir(self.root, job_id)
         for d in (self.store_dir, self.jobs_dir):
@@ -81,8 +85,8 @@ class JobManager:
                 "occupies that path away and call again."
             ) from None
         spec = JobSpec(
-            job_id=job_id, created=now_iso(), max_jobs=self.max_jobs,
-            max_eval_jobs=self.max_eval_jobs, **fields,
+            job_id=job_id, kind=call.kind, call=call, experiment_modules=list(experiment_modules),
+            after=after, created=now_iso(), max_jobs=self.max_jobs, max_eval_jobs=self.max_eval_jobs,
         )  # fmt: skip
         write_json(directory / "spec.json", spec)
         status = JobStatus(

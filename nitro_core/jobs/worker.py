@@ -29,7 +29,8 @@ from nitro_core.errors import (
     NonFiniteLoss,
 )
 from nitro_core.jobs import ranks
-from nitro_core.jobs.calls import Failure, after_failure, nothing_to_train, spec_train_arguments
+from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
+from nitro_core.jobs.calls import Failure, after_failure, nothing_to_train, spec_arguments
 from nitro_core.jobs.files import (
     EpochProgress,
     JobSpec,
@@ -207,53 +208,50 @@ def _experiment(spec: JobSpec, record: Any = None) -> Any:
     assert spec.experiment is not None  # the server submits no job needing one without it
     cls = lookup(load_registry(spec.experiment_modules), spec.experiment)
     if record is None:
-        return cls(**spec.overrides)
-    return experiment_from_record(cls, record, spec.run_dir, **spec.overrides)
+        return cls(**spec.call.overrides)
+    return experiment_from_record(cls, record, spec.run_dir, **spec.call.overrides)
 
 
-def _average(spec: JobSpec, directory: Path, stop: _Stop) -> dict[str, Any]:
+def _average(spec: JobSpec, call: AverageCall, directory: Path, stop: _Stop) -> dict[str, Any]:
     """An average job: the average, validated when asked (from a copy in the job's
     directory, so nothing is averaged twice), then saved; the saved header carries the
     average's own validation metrics (of the "val" split), or none."""
     from nitro_core import Nitro  # lazy: torch
     from nitro_core.averaging import average_checkpoints, write_averaged  # lazy: torch
 
-    saved = Path(spec.save) if spec.save else None
+    saved = Path(call.save) if call.save else None
     if saved is not None:
         refuse_existing(saved, "save=")  # before any record is read
     update_status(directory, phase="averaging")
-    averaged = average_checkpoints(spec.run_dir, spec.source)
+    averaged = average_checkpoints(**call.average_kwargs())
     result: dict[str, Any] = {
         "averaged_from": averaged.averaged_from,
         "saved": str(saved) if saved else None,
     }
     metrics = None
-    if spec.validate_average and not stop.is_requested():  # the average stands either way
+    if call.validate_average and not stop.is_requested():  # the average stands either way
         update_status(directory, phase="validating")
         scratch = directory / "average.safetensors"
         scratch.unlink(missing_ok=True)  # left by a killed worker of this job
         write_averaged(averaged, scratch)
         try:
-            n = Nitro(
-                _experiment(spec, scratch), run_dir=spec.run_dir, weights=scratch,
-                device=spec.device,
-            )  # fmt: skip
-            result["metrics"] = n.evaluate(spec.split)
+            n = Nitro(_experiment(spec, scratch), run_dir=call.run_dir, weights=scratch)
+            result["metrics"] = n.evaluate(call.split)
         finally:
             scratch.unlink(missing_ok=True)
-        metrics = result["metrics"] if spec.split == "val" else None  # the header's split
+        metrics = result["metrics"] if call.split == "val" else None  # the header's split
     if saved is not None:
         write_averaged(averaged, saved, metrics)
     return result
 
 
-def _resumed(spec: JobSpec, entries: list[Any]) -> str | None:
+def _resumed(call: TrainCall, entries: list[Any]) -> str | None:
     """The record a train job resumes (its config is the run's), or None for a new run."""
-    if spec.resume in ("false", ":false") or spec.weights is not None:
+    if call.resume in ("false", ":false", False) or call.weights is not None:
         return None
-    if spec.resume in ("auto", ":auto"):
+    if call.resume in ("auto", ":auto"):
         return "latest => latest" if entries else None
-    return spec.resume
+    return str(call.resume)
 
 
 def _run(
@@ -262,61 +260,56 @@ def _run(
     """The job's work; returns (result, end state), or None when the ranks of a
     several-process job recorded its end. ``report=False``: another rank than 0 of such a
     job, which trains and writes nothing to the job's files."""
+    call = spec.call
+    if isinstance(call, TrainCall):
+        if call.nproc > 1 and not rank0 and report:
+            stop.check()
+            ranks.launch(spec, directory)
+            return None
+        stop.check()
+        return _train(spec, call, directory, stop, report)
+    # _experiment named each field that differs from the record
+    warnings.filterwarnings("ignore", r"weights from .* were trained under another config")
+    stop.check()
+    if isinstance(call, AverageCall):
+        return _average(spec, call, directory, stop), "succeeded"
+    return _validate(spec, call, directory, stop), "succeeded"
+
+
+def _validate(spec: JobSpec, call: ValidateCall, directory: Path, stop: _Stop) -> dict[str, Any]:
+    """A validate job: the record's experiment evaluated on the call's split."""
     from nitro_core import Nitro  # lazy: torch
 
-    if spec.kind == "train" and spec.nproc > 1 and not rank0 and report:
-        stop.check()
-        ranks.launch(spec, directory)
-        return None
-    status = update_status if report else _unreported
-
-    if spec.kind != "train":  # _experiment named each field that differs from the record
-        warnings.filterwarnings("ignore", r"weights from .* were trained under another config")
+    exp = _experiment(spec, call.weights)
     stop.check()
-    if spec.kind == "average":
-        return _average(spec, directory, stop), "succeeded"
-    if spec.kind == "validate":
-        exp = _experiment(spec, spec.weights)
-        stop.check()
-        update_status(directory, phase="loading")
-        n = Nitro(
-            exp,
-            run_dir=spec.run_dir,
-            weights=spec.weights,
-            load_ema=spec.load_ema,
-            strict=spec.strict,
-            device=spec.device,
-        )
-        stop.check()
-        update_status(directory, phase="validating")
-        metrics = n.evaluate(spec.split)
-        return {
-            "metrics": metrics,
-            "split": spec.split,
-            "checkpoint": str(n.checkpoint_source),
-            "averaged_from": n.averaged_from,
-        }, "succeeded"
-    record = _resumed(spec, read_manifest(spec.run_dir))
+    update_status(directory, phase="loading")
+    n = Nitro(exp, **call.nitro_kwargs())
+    stop.check()
+    update_status(directory, phase="validating")
+    return {
+        "metrics": n.evaluate(call.split),
+        "split": call.split,
+        "checkpoint": str(n.checkpoint_source),
+        "averaged_from": n.averaged_from,
+    }
+
+
+def _train(
+    spec: JobSpec, call: TrainCall, directory: Path, stop: _Stop, report: bool
+) -> tuple[dict[str, Any], str]:
+    """A train job (or one rank of it): setup, then training to its end."""
+    from nitro_core import Nitro  # lazy: torch
+
+    status = update_status if report else _unreported
+    record = _resumed(call, read_manifest(spec.run_dir))
     exp = _experiment(spec, record)  # a resume: the run's recorded config
     stop.check()
     status(directory, phase="setup")
-    n = Nitro(
-        exp,
-        run_dir=spec.run_dir,
-        seed=spec.seed,
-        resume=spec.resume,
-        weights=spec.weights,
-        restore_best=spec.restore_best,
-        restore_optimizer=spec.restore_optimizer,
-        strict=spec.strict,
-        device=spec.device,
-        logger=spec.logger,
-        strategy=spec.strategy,
-    )
+    n = Nitro(exp, **call.nitro_kwargs())
     if record is not None and n.epoch >= exp.max_epochs:
         raise ConfigError(  # queued behind another job, the run reached max_epochs meanwhile
             nothing_to_train(
-                spec_train_arguments(spec, _root(directory)), n.run_id, n.epoch, exp.max_epochs
+                spec_arguments(spec, _root(directory)), n.run_id, n.epoch, exp.max_epochs
             )
         )
     stop.check()  # before training: the run is left as it was

@@ -120,7 +120,11 @@ def test_checkpoint_info_refuses_a_truncated_record_naming_it(tmp_path):
     assert str(path) in str(exc.value) and "truncated" in str(exc.value)
 
 
-_LAZY_FRONT_DOORS = ("nitro_core/__init__.py", "nitro_mcp/__init__.py")
+_LAZY_FRONT_DOORS = (
+    "nitro_core/__init__.py",
+    "nitro_core/jobs/__init__.py",
+    "nitro_mcp/__init__.py",
+)
 
 
 def test_nothing_in_nitro_calls_torch_load_pickle_or_eval():

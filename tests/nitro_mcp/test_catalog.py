@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from nitro_core import Checkpointer, Last, Nitro, NitroWarning, checkpoint_info, read_manifest
 from nitro_core.examples.regression import Regression
 from nitro_core.jobs import JobManager
+from nitro_core.jobs.call_models import TrainCall
 from nitro_core.store import manifest
 from nitro_mcp.server import build_server
 
@@ -317,11 +318,10 @@ def test_nitro_delete_of_some_files_refuses_a_file_of_another_run(root):
 def test_nitro_delete_is_refused_while_a_job_uses_the_directory(root):
     tmp, ids = root
     jobs = JobManager(tmp, max_jobs=0)  # queued, never started: it stays queued
-    here = jobs.submit(kind="train", experiment="Regression", run_dir=str(tmp / "runs/reg"))
-    reads = jobs.submit(
-        kind="train", experiment="Regression", run_dir=str(tmp / "runs/other"),
-        weights=f"runs/reg/{ids['best']}",
-    )  # fmt: skip
+    here = jobs.submit(TrainCall(experiment="Regression", run_dir=str(tmp / "runs/reg")))
+    reads = jobs.submit(TrainCall(
+        experiment="Regression", run_dir=str(tmp / "runs/other"), weights=f"runs/reg/{ids['best']}",
+    ))  # fmt: skip
     before = snapshot(tmp / "runs")
     calls = [("nitro_delete", {"run_dir": "runs/reg", "run": ids["a"], "dry_run": False}),
              ("nitro_stop", {"job_id": here.job_id}),
@@ -380,11 +380,11 @@ def test_nitro_export_writes_the_weights_inside_the_root_and_never_overwrites(ro
 def test_nitro_jobs_prunes_ended_job_directories_and_never_a_queued_one(root):
     tmp, _ = root
     jobs = JobManager(tmp, max_jobs=0)
-    ended = [jobs.submit(kind="train", experiment="Regression", run_dir=str(tmp / "runs/x"))
+    ended = [jobs.submit(TrainCall(experiment="Regression", run_dir=str(tmp / "runs/x")))
              for _ in range(2)]  # fmt: skip
     for job in ended:
         jobs.stop(job.job_id)  # a queued job stopped: ended now
-    queued = jobs.submit(kind="train", experiment="Regression", run_dir=str(tmp / "runs/x"))
+    queued = jobs.submit(TrainCall(experiment="Regression", run_dir=str(tmp / "runs/x")))
     store = tmp / ".nitro" / "jobs"
     before = snapshot(store)
     size = sum(len(v) for k, v in before.items() if k.startswith(ended[0].job_id + "/"))

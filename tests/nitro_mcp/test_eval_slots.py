@@ -14,6 +14,7 @@ from nitro_core import Nitro
 from nitro_core.examples import Regression
 from nitro_core.jobs import JobManager
 from nitro_core.jobs import manager as manager_module
+from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
 from nitro_core.jobs.files import read_spec, read_status
 from nitro_mcp.cli import _parser
 from nitro_mcp.server import build_server
@@ -38,10 +39,10 @@ def test_evaluations_take_their_own_slots_beside_trainings(tmp_path, monkeypatch
     monkeypatch.setattr(manager_module, "alive", lambda pid, start: True)
     jobs = JobManager(tmp_path, max_jobs=1, max_eval_jobs=1)
     run = str(tmp_path / "runs/r")
-    train = [jobs.submit(kind="train", experiment="Regression", run_dir=run) for _ in range(2)]
+    train = [jobs.submit(TrainCall(experiment="Regression", run_dir=run)) for _ in range(2)]
     evals = [
-        jobs.submit(kind="validate", experiment="Regression", run_dir=run),
-        jobs.submit(kind="average", run_dir=run, source="latest => Average(Last(2))"),
+        jobs.submit(ValidateCall(experiment="Regression", run_dir=run)),
+        jobs.submit(AverageCall(run_dir=run, source="latest => Average(Last(2))")),
     ]
     states = {s.job_id: read_status(jobs.jobs_dir / s.job_id).state for s in train + evals}
     assert [states[s.job_id] for s in train] == ["running", "queued"]

@@ -13,6 +13,7 @@ import pytest
 from mcp import Client
 
 from nitro_core.jobs import JobManager
+from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import job_dir
 from nitro_core.jobs.status import update_status, update_status_if
 from nitro_core.training import progress as progress_module
@@ -200,7 +201,7 @@ def test_a_bad_until_is_refused_with_the_values_to_write(tmp_path):
 
 def test_the_full_status_reply_stays_under_8000_characters(tmp_path):
     jobs = JobManager(tmp_path, max_jobs=0)
-    job = jobs.submit(kind="train", experiment="Regression", run_dir=str(tmp_path / "runs/r"))
+    job = jobs.submit(TrainCall(experiment="Regression", run_dir=str(tmp_path / "runs/r")))
     directory = job_dir(tmp_path, job.job_id)
     (directory / "log.txt").write_text("".join(f"line {i} " + "x" * 90 + "\n" for i in range(2000)))
     update_status_if(directory, {"queued"}, state="running", phase="training")

@@ -13,6 +13,7 @@ from mcp import Client
 
 from nitro_core.jobs import JobManager
 from nitro_core.jobs import manager as manager_module
+from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import JobSpec, JobStatus
 from nitro_core.jobs.index import INDEX_NAME
 from nitro_mcp.server import build_server
@@ -27,9 +28,8 @@ def ended_job(root: Path, i: int, state: str = "succeeded") -> str:
     directory.mkdir(parents=True)
     created = f"2020-01-01T{i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}.000Z"
     run_dir = str(root / "runs" / f"r{i}")
-    spec = JobSpec(
-        job_id=job_id, kind="train", experiment="Regression", run_dir=run_dir, created=created
-    )
+    call = TrainCall(experiment="Regression", run_dir=run_dir)
+    spec = JobSpec(job_id=job_id, kind="train", call=call, created=created)
     status = JobStatus(
         job_id=job_id, kind="train", state=state, phase="done", run_dir=run_dir, epoch=i % 7,
         created=created, ended=created,
@@ -56,7 +56,7 @@ class Reads:
 def test_listing_reads_the_index_and_the_live_jobs_only(tmp_path, monkeypatch):
     ids = [ended_job(tmp_path, i, "failed" if i % 5 == 0 else "succeeded") for i in range(300)]
     jobs = JobManager(tmp_path, max_jobs=0)
-    live = jobs.submit(kind="train", experiment="Regression", run_dir=str(tmp_path / "runs/x"))
+    live = jobs.submit(TrainCall(experiment="Regression", run_dir=str(tmp_path / "runs/x")))
     first, more = jobs.page(None, 0, 20)  # builds the index (the one full read)
     assert more and [r.job_id for r in first] == [live.job_id, *ids[::-1][:19]]
     reads = Reads(monkeypatch)
@@ -92,7 +92,7 @@ def test_the_index_follows_the_job_directories_and_is_rebuilt_when_missing(tmp_p
 
 def test_a_job_seen_ended_is_noted_once_and_listed_from_the_index(tmp_path, monkeypatch):
     jobs = JobManager(tmp_path, max_jobs=0)
-    job = jobs.submit(kind="train", experiment="Regression", run_dir=str(tmp_path / "runs/r"))
+    job = jobs.submit(TrainCall(experiment="Regression", run_dir=str(tmp_path / "runs/r")))
     assert jobs.stop(job.job_id).state == "stopped"
     (row,) = jobs.page(None, 0, 10)[0]
     assert row.state == "stopped"

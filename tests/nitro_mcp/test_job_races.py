@@ -18,6 +18,7 @@ from mcp import Client
 
 from nitro_core.jobs import JobManager
 from nitro_core.jobs import manager as manager_module
+from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import job_dir, process_start, read_status
 from nitro_core.jobs.status import update_status, update_status_if
 from nitro_core.jobs.worker import _end, _Stop, _StoppedEarly
@@ -31,7 +32,7 @@ TINY = {"max_epochs": 1, "samples": 64}
 def queued_job(root: Path) -> tuple[JobManager, str, Path]:
     """A job that stays queued (no slot), so each test plays the race by hand."""
     jobs = JobManager(root, max_jobs=0)
-    job = jobs.submit(kind="train", experiment="Regression", run_dir=str(root / "runs/r"))
+    job = jobs.submit(TrainCall(experiment="Regression", run_dir=str(root / "runs/r")))
     assert job.state == "queued"
     return jobs, job.job_id, job_dir(root, job.job_id)
 
@@ -197,8 +198,8 @@ def test_queued_jobs_run_after_the_client_disconnects(tmp_path):
 @pytest.mark.slow  # a real worker end to end; `pytest -m slow`
 def test_the_server_starts_a_queued_job_without_any_call(tmp_path):
     other = JobManager(tmp_path, max_jobs=0)  # another server queued it and went away
-    job = other.submit(kind="train", experiment="Regression", run_dir=str(tmp_path / "runs/r"),
-                       overrides=TINY)  # fmt: skip
+    job = other.submit(TrainCall(experiment="Regression", run_dir=str(tmp_path / "runs/r"),
+                                 overrides=TINY))  # fmt: skip
 
     async def main():
         async with Client(build_server(tmp_path, max_jobs=1)):

@@ -19,6 +19,7 @@ from mcp import Client
 from nitro_core.errors import UnsafePath
 from nitro_core.jobs import JobManager
 from nitro_core.jobs import manager as manager_module
+from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import append_event, job_dir, log_tail, read_spec, read_status
 from nitro_core.jobs.status import update_status, update_status_if
 from nitro_core.jobs.worker import _main, _Stop
@@ -27,7 +28,7 @@ from nitro_mcp.server import build_server
 from .conftest import call
 
 SECRET = b'{"job_id": "outside", "secret": "do not echo me"}\n'
-RUN = {"kind": "train", "experiment": "Regression"}
+RUN = {"experiment": "Regression"}
 
 
 def store_refusal(path: Path) -> str:
@@ -73,7 +74,7 @@ def layout(tmp_path) -> tuple[Path, Path]:
 
 def queued(root: Path) -> tuple[JobManager, str, Path]:
     jobs = JobManager(root, max_jobs=0)  # no slot: the job stays queued, nothing is launched
-    job = jobs.submit(run_dir=str(root / "runs/r"), **RUN)
+    job = jobs.submit(TrainCall(run_dir=str(root / "runs/r"), **RUN))
     return jobs, job.job_id, job_dir(root, job.job_id)
 
 
@@ -85,7 +86,7 @@ def test_a_link_at_the_job_store_is_refused_and_nothing_outside_is_touched(layou
     link.symlink_to(outside if where == ".nitro" else outside / "jobs")
     before = fingerprint(outside)
     jobs = JobManager(root, max_jobs=0)
-    for action in (lambda: jobs.submit(run_dir=str(root / "runs/r"), **RUN), jobs.list):
+    for action in (lambda: jobs.submit(TrainCall(run_dir=str(root / "runs/r"), **RUN)), jobs.list):
         with pytest.raises(UnsafePath) as exc:
             action()
         assert str(exc.value) == store_refusal(link)

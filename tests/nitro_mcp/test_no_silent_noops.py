@@ -14,6 +14,7 @@ from mcp import Client
 
 from nitro_core import Nitro, read_manifest
 from nitro_core.examples import Regression
+from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
 from nitro_core.jobs.calls import after_failure
 from nitro_core.jobs.files import JobSpec, job_dir, read_spec, read_status, write_json
 from nitro_mcp.server import build_server
@@ -205,12 +206,15 @@ def test_the_hint_after_a_diverged_run_is_a_complete_call_from_its_last_record(
     )
 
 
-SPEC = {"job_id": "j", "created": "2026-01-01T00:00:00Z", "run_dir": "/r/runs/x"}
-TRAIN = JobSpec(kind="train", experiment="Classifier", overrides={"samples": 12000}, **SPEC)
-VALIDATE = JobSpec(kind="validate", experiment="Classifier", weights="latest => best", **SPEC)
+SPEC = {"job_id": "j", "created": "2026-01-01T00:00:00Z"}
+RUN_DIR = "/r/runs/x"
+TRAIN = JobSpec(kind="train", call=TrainCall(experiment="Classifier", run_dir=RUN_DIR,
+                                             overrides={"samples": 12000}), **SPEC)  # fmt: skip
+VALIDATE = JobSpec(kind="validate", call=ValidateCall(experiment="Classifier", run_dir=RUN_DIR,
+                                                      weights="latest => best"), **SPEC)  # fmt: skip
 AVERAGE = JobSpec(
-    kind="average", source="latest => Average(Last(3))", validate_average=True, experiment="C",
-    **SPEC,
+    kind="average", call=AverageCall(run_dir=RUN_DIR, source="latest => Average(Last(3))",
+                                     validate_average=True, experiment="C"), **SPEC,
 )  # fmt: skip
 
 AFTER_FAILURE = [

@@ -1,5 +1,6 @@
 """Replies an agent can afford: every tool's default reply stays under 8,000 characters of
-compact JSON whatever the run holds, and the tool listing under 12,000 characters."""
+compact JSON whatever the run holds, and the tool listing, every tool's output schema
+included, under ``replies.LISTING_MAX`` characters."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from mcp import Client
 from nitro_core import Nitro, average_checkpoints
 from nitro_core.examples import Regression
 from nitro_core.jobs import JobManager
+from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import job_dir
 from nitro_core.jobs.status import update_status_if
+from nitro_mcp.replies import LISTING_MAX
 from nitro_mcp.server import build_server
 
 REPLY_MAX = 8_000
-LISTING_MAX = 12_000
 RUN_DIR = "runs/big"
 SYNTHETIC_RUNS = 60  # runs in the directory besides the real one
 BIG_RUN = "b16b16b1"  # a run of 300 kept entries, points and log rows
@@ -58,8 +60,8 @@ def big_root(tmp_path_factory):
             for epoch in range(3, 3003):
                 log.write(json.dumps({**row, "run": run, "epoch": epoch, "step": epoch}) + "\n")
     jobs = JobManager(root, max_jobs=0)
-    failed = jobs.submit(kind="train", experiment="Regression", run_dir=str(run_dir),
-                         overrides={"max_epochs": 3000, "samples": 64})  # fmt: skip
+    failed = jobs.submit(TrainCall(experiment="Regression", run_dir=str(run_dir),
+                                   overrides={"max_epochs": 3000, "samples": 64}))  # fmt: skip
     update_status_if(
         job_dir(root, failed.job_id), {"queued"}, state="failed", phase="failed", run_id=BIG_RUN, epoch=300,
         step=3000, last_loss=0.5, last_val={f"metric_{i}": 0.5 for i in range(40)},
@@ -69,7 +71,7 @@ def big_root(tmp_path_factory):
     )  # fmt: skip
     with open(job_dir(root, failed.job_id) / "log.txt", "w") as log:
         log.write("a line of the worker's log that goes on for a while\n" * 20_000)
-    queued = jobs.submit(kind="train", experiment="Regression", run_dir=str(root / "runs/other"))
+    queued = jobs.submit(TrainCall(experiment="Regression", run_dir=str(root / "runs/other")))
     # a record averaged from 300 others: its header names each of them
     average_checkpoints(
         run_dir, f"{BIG_RUN} => Average(Last(300))", save=run_dir / "avg300.safetensors"
@@ -134,7 +136,20 @@ def test_every_default_reply_stays_under_8000_characters(big_root):
     assert not too_big, f"replies over {REPLY_MAX} characters: {too_big}"
 
 
-def test_the_tool_listing_stays_under_12000_characters_and_schemas_stay_complete(tmp_path):
+def _keys(schema, key: str) -> int:
+    """How often ``key`` is a keyword anywhere in ``schema`` (a property of that name is not)."""
+    if isinstance(schema, list):
+        return sum(_keys(s, key) for s in schema)
+    if not isinstance(schema, dict):
+        return 0
+    here = sum(_keys(v, key) for k, v in schema.items() if k != "properties")
+    inner = sum(_keys(v, key) for v in schema.get("properties", {}).values())
+    return here + inner + (key in schema)
+
+
+def test_the_listing_carries_every_output_schema_within_its_budget_and_schemas_stay_complete(
+    tmp_path,
+):
     async def main():
         server = build_server(tmp_path)
         async with Client(server) as client:
@@ -145,12 +160,32 @@ def test_the_tool_listing_stays_under_12000_characters_and_schemas_stay_complete
     wire = json.dumps([t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in listed],
                       separators=(",", ":"))  # fmt: skip
     assert len(wire) < LISTING_MAX, f"tools/list is {len(wire)} characters"
+    # every tool with a structured reply lists its output schema: each field, typed
+    for tool in listed:
+        if tool.name == "nitro_plot":  # image content
+            assert tool.output_schema is None
+            continue
+        assert tool.output_schema["type"] == "object" and tool.output_schema["properties"], (
+            tool.name
+        )
+        assert _keys([tool.input_schema, tool.output_schema], "title") == 0, tool.name
+    status = next(t for t in listed if t.name == "nitro_status")
+    progress = status.output_schema["$defs"]["InEpochProgress"]  # nested models: shared $defs
+    assert progress["properties"]["loss"] == {"type": ["number", "null"]}
+    assert status.output_schema["properties"]["state"] == {
+        "enum": ["queued", "running", "succeeded", "failed", "stopped", "lost"]
+    }
     train = next(t for t in listed if t.name == "nitro_train")
     # an optional argument is listed by its type (leaving it out means null), without titles
     assert train.input_schema["properties"]["run_dir"] == {
         "type": "string", "description": "Run directory inside the root; default runs/<experiment>.",
     }  # fmt: skip
-    assert train.output_schema == {"type": "object"}
+    # closed sets and bounds are in the schema an agent reads
+    assert train.input_schema["properties"]["strategy"]["enum"] == ["auto", "ddp", "fsdp"]
+    assert train.input_schema["properties"]["logger"]["enum"] == ["jsonl", "tensorboard"]
+    nproc = train.input_schema["properties"]["nproc"]
+    assert (nproc["minimum"], nproc["maximum"]) == (1, 64)
+    assert train.output_schema["properties"]["next"] == {"type": "string"}
     # the complete schemas (what schemas/ holds) keep titles, descriptions and nested models
     full_train = next(t for t in full if t.name == "nitro_train")
     assert full_train.input_schema["properties"]["run_dir"]["title"] == "Run Dir"
@@ -194,7 +229,8 @@ def test_pages_bounded_by_size_still_cover_every_entry_once(big_root):
 
 
 def _spec(root, job_id: str) -> dict:
-    return json.loads((job_dir(root, job_id) / "spec.json").read_text())
+    """The call a job's spec stores."""
+    return json.loads((job_dir(root, job_id) / "spec.json").read_text())["call"]
 
 
 def test_resume_and_restore_best_take_booleans(tmp_path):

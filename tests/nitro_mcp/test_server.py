@@ -13,6 +13,7 @@ import pytest
 from mcp import Client
 
 from nitro_core import read_manifest
+from nitro_core.jobs.call_models import TrainCall
 from nitro_mcp.server import build_server
 
 from .conftest import FAST, call, ended, wait_done
@@ -310,7 +311,7 @@ def test_two_servers_over_one_root_launch_a_queued_job_once(tmp_path):
 
     first, second = JobManager(tmp_path, max_jobs=0), JobManager(tmp_path, max_jobs=0)
     job = first.submit(
-        kind="train", experiment="Regression", run_dir=str(tmp_path / "runs/r"), overrides=FAST
+        TrainCall(experiment="Regression", run_dir=str(tmp_path / "runs/r"), overrides=FAST)
     )
     assert job.state == "queued"
     first.max_jobs = second.max_jobs = 1
