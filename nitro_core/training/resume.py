@@ -149,7 +149,9 @@ def resume_from_source(source: Source, run_dir: Path, entries: list[ManifestEntr
     if found.entry is not None and found.path.parent.resolve() == run_dir.resolve():
         return point_for(found.entry, entries, run_dir)
     return ResumePoint(
-        path=found.path, entry=found.entry, continue_run=None,
+        path=found.path,
+        entry=found.entry,
+        continue_run=None,
         meta=store.read_header(found.path, found.entry.expected if found.entry else None),
     )
 
@@ -170,7 +172,9 @@ def point_for(entry: ManifestEntry, entries: list[ManifestEntry], run_dir: Path)
     own = manifest.run_entries(entries, entry.run)
     continue_run = entry.run if own and own[-1].file == entry.file else None
     return ResumePoint(
-        path=path, entry=entry, meta=store.read_header(path, entry.expected),
+        path=path,
+        entry=entry,
+        meta=store.read_header(path, entry.expected),
         continue_run=continue_run,
     )
 
