@@ -5,7 +5,7 @@ The public names load lazily (PEP 562): ``import nitro_core`` and ``import
 nitro_core.errors`` import no torch; the first use of, say, ``nitro_core.Nitro`` imports
 the module that defines it. The layers, each importing only from the ones before it::
 
-    errors -> store/ -> policy/, sources/ -> state/ -> averaging, export, info, pruning, verification
+    errors -> store/ -> policy/, sources/ -> state/ -> averaging, export, info, deletion, verification
            -> experiment, training/ -> examples/, registry -> jobs/
 """
 
@@ -48,8 +48,8 @@ _WHERE = {
     "Every": "nitro_core.policy.selectors",
     "Last": "nitro_core.policy.selectors",
     "TopKCheckpointer": "nitro_core.policy.selectors",
-    "Deletion": "nitro_core.pruning",
-    "delete_checkpoints": "nitro_core.pruning",
+    "Deletion": "nitro_core.deletion",
+    "delete_checkpoints": "nitro_core.deletion",
     "Average": "nitro_core.sources.grammar",
     "parse_source": "nitro_core.sources.grammar",
     "EMA": "nitro_core.state.ema",
@@ -72,6 +72,8 @@ _WHERE = {
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads them
     from nitro_core.averaging import Averaged as Averaged
     from nitro_core.averaging import average_checkpoints as average_checkpoints
+    from nitro_core.deletion import Deletion as Deletion
+    from nitro_core.deletion import delete_checkpoints as delete_checkpoints
     from nitro_core.errors import CheckpointCorrupt as CheckpointCorrupt
     from nitro_core.errors import CheckpointMissing as CheckpointMissing
     from nitro_core.errors import CheckpointNotFound as CheckpointNotFound
@@ -101,8 +103,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.policy.selectors import Every as Every
     from nitro_core.policy.selectors import Last as Last
     from nitro_core.policy.selectors import TopKCheckpointer as TopKCheckpointer
-    from nitro_core.pruning import Deletion as Deletion
-    from nitro_core.pruning import delete_checkpoints as delete_checkpoints
     from nitro_core.sources.grammar import Average as Average
     from nitro_core.sources.grammar import parse_source as parse_source
     from nitro_core.state.ema import EMA as EMA

@@ -34,7 +34,7 @@ from nitro_core.training.options import check_options
 from nitro_core.training.resume import latest_point, resume_from_source
 from nitro_core.training.setup import check_seed
 from nitro_core.verification import verify
-from nitro_mcp import catalog, following, models, observe, pruning, record_config
+from nitro_mcp import call_checks, catalog, deletion, following, job_cleanup, models, observe
 from nitro_mcp.arguments import coerce_overrides, flag_text
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.experiments import IMPORT_TIMEOUT_S, ExperimentModules
@@ -144,9 +144,9 @@ class Gate:
             update={"run_dir": str(where), "resume": resume, "restore_best": restore_best}
         )
         args = train_arguments(**{**call.model_dump(), "run_dir": shown(self.root, where)})
-        busy = record_config.busy_job(self.jobs, where)
+        busy = call_checks.busy_job(self.jobs, where)
         if busy is not None and not after_running:
-            raise record_config.refuse_busy(busy, args)
+            raise call_checks.refuse_busy(busy, args)
         entries = manifest.read_manifest(where)
         point = None
         if opts.resume == "auto" and entries:
@@ -158,7 +158,7 @@ class Gate:
             exp = cls(**overrides)  # unknown or ill-typed fields raise ConfigError
         else:  # the recorded config, overrides changing Host fields only
             # queued behind a job, the run may have trained on by its start: its worker checks
-            exp = record_config.resume_experiment(
+            exp = call_checks.resume_experiment(
                 cls, point, overrides, args, busy is None, self.registry
             )
             point.check_config(exp)
@@ -194,7 +194,7 @@ class Gate:
             checkpoint=shown(self.root, result.get("checkpoint")),
             averaged_from=shrink(result.get("averaged_from"), AVERAGED_FROM_MAX),
             error=job_error(status), next=_next(status, self._hint(status)),
-            warnings=record_config.warnings_of(notes, result),
+            warnings=call_checks.warnings_of(notes, result),
         )  # fmt: skip
 
     def _submit_validate(self, call: ValidateCall) -> tuple[JobStatus, list[str]]:
@@ -204,7 +204,7 @@ class Gate:
         opts = check_options(False, call.weights, False, False, call.load_ema, True)
         assert opts.weights is not None  # weights is a string, so it became a source
         rooted = self._rooted(opts.weights, where, "weights")
-        exp, notes, path = record_config.from_record(cls, rooted, where, overrides)  # its config
+        exp, notes, path = call_checks.from_record(cls, rooted, where, overrides)  # its config
         call = call.model_copy(update={"run_dir": str(where)})
         args = arguments(ValidateCall, {**call.model_dump(), "run_dir": shown(self.root, where)})
         check_record_fits(exp, path, True, shown(self.root, path) or str(path), "nitro_validate",
@@ -223,7 +223,7 @@ class Gate:
             job_id=status.job_id, state=status.state,
             averaged_from=shrink(result.get("averaged_from"), AVERAGED_FROM_MAX),
             saved=shown(self.root, result.get("saved")), metrics=result.get("metrics"), error=job_error(status),
-            next=_next(status, self._hint(status)), warnings=record_config.warnings_of(notes, result),
+            next=_next(status, self._hint(status)), warnings=call_checks.warnings_of(notes, result),
         )  # fmt: skip
 
     def _submit_average(self, call: AverageCall) -> tuple[JobStatus, list[str]]:
@@ -255,13 +255,13 @@ class Gate:
         notes: list[str] = []
         if not call.validate_average:
             self._check_source(src, where, "source")
-            record_config.refuse_unused(run_dir, source, overrides, split)
+            call_checks.refuse_unused(run_dir, source, overrides, split)
         else:  # the state record's config, the call's overrides on top
-            experiment = record_config.average_experiment(
+            experiment = call_checks.average_experiment(
                 experiment, src, where, self.registry, run_dir
             )
             cls = self._class(experiment, overrides)
-            exp, notes, path = record_config.from_record(cls, src, where, overrides)
+            exp, notes, path = call_checks.from_record(cls, src, where, overrides)
             args: dict[str, Any] = {
                 "run_dir": run_dir,
                 "source": source,
@@ -312,7 +312,7 @@ class Gate:
         start, limit = _page(cursor, limit)
         pruned = None
         if prune_older_than_h is not None:  # ended jobs' directories, before the listing
-            pruned = pruning.prune_jobs(self.jobs, prune_older_than_h, dry_run)
+            pruned = job_cleanup.prune_jobs(self.jobs, prune_older_than_h, dry_run)
         # the job index: ended jobs from one file, only the live ones read from their own
         page, more = self.jobs.page(state, start, limit)  # type: ignore[arg-type]  # checked above
         jobs = [
@@ -371,7 +371,7 @@ class Gate:
     def delete(
         self, run_dir: str, run: str | None, files: list[str] | None, dry_run: bool
     ) -> models.DeleteResult:
-        return pruning.delete(self.root, self.jobs, run_dir, run, files, dry_run)
+        return deletion.delete(self.root, self.jobs, run_dir, run, files, dry_run)
 
     def export(self, source: str, path: str, run_dir: str | None) -> models.ExportResult:
         return catalog.export(self.root, source, path, run_dir)

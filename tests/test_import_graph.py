@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "nitro_core.averaging",
         "nitro_core.export",
         "nitro_core.info",
-        "nitro_core.pruning",
+        "nitro_core.deletion",
         "nitro_core.verification",
     ),
     ("nitro_core.experiment", "nitro_core.training"),

@@ -34,6 +34,41 @@ Phase = Literal[
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "lost"})
 
 
+# The flat ``spec.json`` of Nitro before the call models: the call's fields beside the job's
+# bookkeeping, every field written, those a kind never takes at these defaults. Jobs survive
+# a server restart, and an upgrade is one, so that format keeps reading.
+_BOOKKEEPING = frozenset(
+    {"job_id", "kind", "experiment_modules", "after", "max_jobs", "max_eval_jobs", "created"}
+)
+_FLAT_DEFAULTS: dict[str, Any] = {
+    "experiment": None, "overrides": {}, "seed": None, "resume": "false", "weights": None,
+    "restore_best": "false", "restore_optimizer": False, "strict": True, "load_ema": False,
+    "split": "val", "source": None, "save": None, "validate_average": False, "device": "auto",
+    "nproc": 1, "strategy": "auto", "logger": None,
+}  # fmt: skip
+
+
+def from_flat(data: dict[str, Any]) -> dict[str, Any]:
+    """A flat spec (no ``call``) as a spec of today: each field the call model of its
+    ``kind`` has moves into ``call``; one it lacks is dropped when at its flat default (the
+    old server wrote every field), and else left beside, where it is refused by name."""
+    model = CALLS.get(data.get("kind"))  # type: ignore[arg-type]
+    if model is None:
+        return data  # refused by the kind's Literal
+    fields = {info.alias or name for name, info in model.model_fields.items()} | set(
+        model.model_fields
+    )
+    spec: dict[str, Any] = {"call": {}}
+    for key, value in data.items():
+        if key in _BOOKKEEPING:
+            spec[key] = value
+        elif key in fields:
+            spec["call"][key] = value
+        elif key not in _FLAT_DEFAULTS or value != _FLAT_DEFAULTS[key]:
+            spec[key] = value
+    return spec
+
+
 class JobSpec(BaseModel):
     """Everything a worker needs: the call (validated by the server before the job is
     created) and the job's bookkeeping."""
@@ -82,41 +117,6 @@ class JobSpec(BaseModel):
     def nproc(self) -> int:
         """The processes the job runs on (a training's ``nproc``; 1 otherwise)."""
         return getattr(self.call, "nproc", 1)
-
-
-# The flat ``spec.json`` of Nitro before the call models: the call's fields beside the job's
-# bookkeeping, every field written, those a kind never takes at these defaults. Jobs survive
-# a server restart, and an upgrade is one, so that format keeps reading.
-_BOOKKEEPING = frozenset(
-    {"job_id", "kind", "experiment_modules", "after", "max_jobs", "max_eval_jobs", "created"}
-)
-_FLAT_DEFAULTS: dict[str, Any] = {
-    "experiment": None, "overrides": {}, "seed": None, "resume": "false", "weights": None,
-    "restore_best": "false", "restore_optimizer": False, "strict": True, "load_ema": False,
-    "split": "val", "source": None, "save": None, "validate_average": False, "device": "auto",
-    "nproc": 1, "strategy": "auto", "logger": None,
-}  # fmt: skip
-
-
-def from_flat(data: dict[str, Any]) -> dict[str, Any]:
-    """A flat spec (no ``call``) as a spec of today: each field the call model of its
-    ``kind`` has moves into ``call``; one it lacks is dropped when at its flat default (the
-    old server wrote every field), and else left beside, where it is refused by name."""
-    model = CALLS.get(data.get("kind"))  # type: ignore[arg-type]
-    if model is None:
-        return data  # refused by the kind's Literal
-    fields = {info.alias or name for name, info in model.model_fields.items()} | set(
-        model.model_fields
-    )
-    spec: dict[str, Any] = {"call": {}}
-    for key, value in data.items():
-        if key in _BOOKKEEPING:
-            spec[key] = value
-        elif key in fields:
-            spec["call"][key] = value
-        elif key not in _FLAT_DEFAULTS or value != _FLAT_DEFAULTS[key]:
-            spec[key] = value
-    return spec
 
 
 class EpochProgress(BaseModel):

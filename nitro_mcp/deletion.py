@@ -1,11 +1,11 @@
-"""Deleting runs and pruning jobs: what ``nitro_delete`` and ``nitro_jobs(prune_older_than_h=)``
-do. Both are dry runs unless the call says ``dry_run=false``, and both say exactly what goes.
+"""Deleting checkpoints and runs: what ``nitro_delete`` does. A dry run unless the call says
+``dry_run=false``, and it says exactly what goes (:mod:`nitro_mcp.job_cleanup` removes ended
+jobs).
 
 A deletion is refused while a queued or running job of this root uses the run directory (its
 run directory, or a path source naming a record file or record directory in it), naming the job and the calls that stop
-or follow it; :func:`nitro_core.pruning.delete_checkpoints` does the rest (the manifest lock,
-another run's files never touched, a run being trained refused). Pruning removes only ended
-jobs whose worker is gone.
+or follow it; :func:`nitro_core.deletion.delete_checkpoints` does the rest (the manifest lock,
+another run's files never touched, a run being trained refused).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeGuard
 
+from nitro_core.deletion import Deletion, delete_checkpoints
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError, TrainingRefused
 from nitro_core.jobs import JobManager, JobStatus
-from nitro_core.pruning import Deletion, delete_checkpoints
 from nitro_mcp import models
 from nitro_mcp.catalog import RUN_ID, holds_manifest
 from nitro_mcp.echo import clip, clip_text
@@ -120,11 +120,11 @@ def _deletion_result(
     if done.dry_run:
         nxt = (
             f"Dry run: nothing was deleted. nitro_delete({args}, dry_run=false) deletes these "
-            f"{len(done.files)} files ({_human(done.bytes)}) and {len(done.entries)} manifest entries."
+            f"{len(done.files)} files ({human_bytes(done.bytes)}) and {len(done.entries)} manifest entries."
         )
     else:
         nxt = (
-            f"Deleted {len(done.files)} files ({_human(done.bytes)}) and {len(done.entries)} "
+            f"Deleted {len(done.files)} files ({human_bytes(done.bytes)}) and {len(done.entries)} "
             f"manifest entries. nitro_runs(run_dir={where!r}) shows what remains."
         )
     return models.DeleteResult(
@@ -135,7 +135,7 @@ def _deletion_result(
     )  # fmt: skip
 
 
-def _human(n: int) -> str:
+def human_bytes(n: int) -> str:
     size = float(n)
     for unit in ("bytes", "kB", "MB", "GB"):
         if size < 1000 or unit == "GB":
@@ -144,26 +144,4 @@ def _human(n: int) -> str:
     return f"{n} bytes"
 
 
-# -- nitro_jobs(prune_older_than_h=...) ------------------------------------------------------------
-def prune_jobs(jobs: JobManager, hours: float, dry_run: bool) -> models.PrunedJobs:
-    """The ended jobs older than ``hours``, their directories removed unless ``dry_run``."""
-    if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 <= hours < 1e6:
-        raise ConfigError(
-            f"prune_older_than_h={clip(hours)} is out of range; give the hours since a job "
-            "ended, 0 or more, e.g. prune_older_than_h=24."
-        )
-    gone = jobs.prune(hours * 3600, dry_run)
-    size = sum(b for _, b in gone)
-    args = f"prune_older_than_h={hours:g}"
-    nxt = (
-        f"Dry run: nothing was removed. nitro_jobs({args}, dry_run=false) removes these "
-        f"{len(gone)} job directories ({_human(size)})."
-        if dry_run
-        else f"Removed {len(gone)} job directories ({_human(size)})."
-    )
-    return models.PrunedJobs(
-        dry_run=dry_run, jobs=[j for j, _ in gone][:50], count=len(gone), bytes=size, next=nxt
-    )
-
-
-__all__ = ["delete", "prune_jobs"]
+__all__ = ["delete", "human_bytes"]

@@ -2,8 +2,8 @@
 
 :func:`plan_deletion` takes a directory's manifest (its entries and every run's points) and
 what was asked for, and returns a :class:`DeletionPlan`; it never touches a disk.
-:mod:`nitro_core.store.pruning` carries a plan out under the manifest lock, and
-:func:`nitro_core.pruning.delete_checkpoints` joins the two.
+:mod:`nitro_core.store.deletion` carries a plan out under the manifest lock, and
+:func:`nitro_core.deletion.delete_checkpoints` joins the two.
 
 What goes:
 

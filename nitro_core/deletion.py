@@ -1,7 +1,7 @@
 """Deleting checkpoints to free space: ``delete_checkpoints``, a dry run by default.
 
-The decision is :func:`nitro_core.policy.pruning.plan_deletion` (pure, over the manifest);
-:func:`nitro_core.store.pruning.remove` carries it out under the manifest lock. Only what
+The decision is :func:`nitro_core.policy.deletion.plan_deletion` (pure, over the manifest);
+:func:`nitro_core.store.deletion.remove` carries it out under the manifest lock. Only what
 the manifest lists for the runs named goes (records, and for a whole run its points and its
 log); another run's files and entries are never touched, and a run being trained right now
 is refused.
@@ -15,10 +15,10 @@ from functools import partial
 from pathlib import Path
 
 from nitro_core.errors import CheckpointNotFound
-from nitro_core.policy.pruning import DeletionPlan, plan_deletion
-from nitro_core.store import pruning
+from nitro_core.policy.deletion import DeletionPlan, plan_deletion
+from nitro_core.store import deletion
+from nitro_core.store.deletion import RemovedFile
 from nitro_core.store.manifest import Manifest, ManifestEntry
-from nitro_core.store.pruning import RemovedFile
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def delete_checkpoints(
             "one that holds a manifest.json."
         )
     names = (files,) if isinstance(files, str) else None if files is None else tuple(files)
-    plan, removed = pruning.remove(where, partial(_decide, run, names, str(where)), dry_run)
+    plan, removed = deletion.remove(where, partial(_decide, run, names, str(where)), dry_run)
     return Deletion(
         run_dir=where, entries=plan.entries, runs=plan.runs, points=plan.points,
         files=removed.files, missing=removed.missing, skipped=removed.skipped, dry_run=dry_run,

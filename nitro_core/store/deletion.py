@@ -1,7 +1,7 @@
 """Carrying a deletion out: the manifest rewritten without the entries and points that go,
 then their files unlinked, all under the manifest lock.
 
-The caller's ``decide`` (:func:`nitro_core.policy.pruning.plan_deletion`) makes the
+The caller's ``decide`` (:func:`nitro_core.policy.deletion.plan_deletion`) makes the
 decision from the manifest as read under the lock, so an entry committed between a plan and
 its execution is never deleted unseen. The order is retention's: the manifest first (a
 record counts only while it is listed), then the files, then a directory fsync; a crash
