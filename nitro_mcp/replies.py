@@ -36,7 +36,7 @@ from nitro_mcp.arguments import argument_errors
 
 REPLY_MAX = 8_000  # characters of a default reply's text
 PAGE_BUDGET = 6_000  # characters a page's items may take, leaving room for the rest
-LISTING_MAX = 24_000  # characters of the whole tool listing, compact JSON, output schemas included
+LISTING_MAX = 23_500  # characters of the whole tool listing, compact JSON, output schemas included
 
 
 def compact(result: Any) -> Any:
@@ -212,6 +212,21 @@ class ListingSchema(GenerateJsonSchema):
             del out["additionalProperties"]  # true is the default
         return out
 
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        """``X | None``: an enum with null among its values, a typed schema with ``"null"``
+        among its types; only a reference stays ``anyOf: [X, {"type": "null"}]``."""
+        inner = self.generate_inner(schema["schema"])
+        if "$ref" in inner or "anyOf" in inner:
+            return {"anyOf": [inner, {"type": "null"}]}
+        if "enum" in inner and "type" not in inner:
+            return {**inner, "enum": [*inner["enum"], None]}
+        kind = inner.get("type")
+        if isinstance(kind, str):
+            return {**inner, "type": [kind, "null"]}
+        if isinstance(kind, list):
+            return {**inner, "type": [*kind, *(["null"] if "null" not in kind else [])]}
+        return {"anyOf": [inner, {"type": "null"}]}
+
 
 class OutputListingSchema(ListingSchema):
     """The output schemas of the tool listing: the replies' structure (every field, its
@@ -221,6 +236,14 @@ class OutputListingSchema(ListingSchema):
 
     def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
         return self.generate_inner(schema["schema"])  # a reply's field has no default; null stays
+
+    # a reply's numbers and strings by their type: the bounds and patterns a reply always
+    # meets are no argument's to respect (``schemas/`` keeps them)
+    def int_schema(self, schema: core_schema.IntSchema) -> JsonSchemaValue:
+        return {"type": "integer"}
+
+    def str_schema(self, schema: core_schema.StringSchema) -> JsonSchemaValue:
+        return {"type": "string"}
 
     def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
         out = super().model_schema(schema)

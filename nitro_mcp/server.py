@@ -204,9 +204,9 @@ def build_server(
         call = _call(AverageCall, arguments)
         return await gate.average(call, arguments.wait_s, _progress(ctx))
 
-    @_tool(server, "A job's state, phase, epoch, step, progress inside the epoch (batch, loss, ETA), "
-                 "last metrics, kept checkpoints, error, hint, result and log tail. wait_s (0-25) long-polls with "
-                 "progress notifications; to follow a job cheaply: wait_s=25, until='end', brief=true.")  # fmt: skip
+    @_tool(server, "A job's state, progress inside the epoch, last metrics, kept checkpoints and log "
+                 "tail. wait_s long-polls with progress notifications; to follow a job cheaply: "
+                 "wait_s=25, until='end', brief=true.")  # fmt: skip
     async def nitro_status(
         job_id: Annotated[
             str, Field(description="The job_id nitro_train, nitro_validate or average returned.")
@@ -302,8 +302,8 @@ def build_server(
     ) -> models.ExportResult:
         return await _off_loop(gate.export, source, path, run_dir)
 
-    @_tool(server, "The manifest of a run directory: one entry per kept checkpoint (file, epoch, "
-                 "step, score, metric, mode, stop_reason, run, parent, written, bytes, digest). Paginated.")  # fmt: skip
+    @_tool(server, "The manifest of a run directory: one entry per kept checkpoint (its fields in "
+                 "the output schema). Paginated.")  # fmt: skip
     async def nitro_manifest(
         run_dir: Annotated[str, Field(description="A run directory inside the root.")],
         limit: EntriesLimit = 20,

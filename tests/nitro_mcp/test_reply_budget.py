@@ -147,6 +147,11 @@ def _keys(schema, key: str) -> int:
     return here + inner + (key in schema)
 
 
+def _any_of(wire: str, around_ref: bool = False) -> int:
+    """How many ``anyOf`` the listing holds (``around_ref``: whose first choice is a $ref)."""
+    return wire.count('"anyOf":[{"$ref":' if around_ref else '"anyOf":')
+
+
 def test_the_listing_carries_every_output_schema_within_its_budget_and_schemas_stay_complete(
     tmp_path,
 ):
@@ -172,6 +177,14 @@ def test_the_listing_carries_every_output_schema_within_its_budget_and_schemas_s
     status = next(t for t in listed if t.name == "nitro_status")
     progress = status.output_schema["$defs"]["InEpochProgress"]  # nested models: shared $defs
     assert progress["properties"]["loss"] == {"type": ["number", "null"]}
+    # null is one more type or enum value; only a reference keeps anyOf
+    assert status.output_schema["properties"]["kind"] == {
+        "enum": ["train", "validate", "average", None]
+    }
+    assert status.output_schema["properties"]["progress"] == {
+        "anyOf": [{"$ref": "#/$defs/InEpochProgress"}, {"type": "null"}]
+    }
+    assert _any_of(wire) == _any_of(wire, around_ref=True) > 0
     assert status.output_schema["properties"]["state"] == {
         "enum": ["queued", "running", "succeeded", "failed", "stopped", "lost"]
     }
