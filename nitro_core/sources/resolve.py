@@ -130,7 +130,12 @@ def _refusal(
     under = f" under keep={recorded}" if recorded else ""
     base = recorded[1:-1] if recorded else "Best(3), Last(1)"  # '(Best(3), Last(1))' -> selectors
     named = " ".join(selection.describe_points(chosen.named))
-    gone = selection.describe_points(chosen.gone)[1]
+    # where the message names mid-epoch points, the gone ones by their place too ('epoch 2
+    # end (step 12)', not a bare '2' that reads as a count)
+    by_place = any(e.batch is not None for e in pool) or any(
+        p.batch is not None for p in chosen.named
+    )
+    gone = selection.describe_points(chosen.gone, by_place)[1]
     return head + (
         f"{avg.selector} names {named} of run {pool[0].run}, which kept {kept}"
         f"{under}; it no longer holds {gone}. Keep them while training: "

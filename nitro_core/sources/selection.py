@@ -106,11 +106,14 @@ def describe_epochs(epochs: Sequence[int]) -> str:
     return listed(epochs) or "none"
 
 
-def describe_points(points: Sequence[Point | ManifestEntry]) -> tuple[str, str]:
+def describe_points(
+    points: Sequence[Point | ManifestEntry], by_place: bool = False
+) -> tuple[str, str]:
     """(noun, list) naming points or entries for messages: ``('epochs', '2, 4, 6')`` when
-    all are epoch ends, else each by its place, since several share an epoch: ``('points',
-    'epoch 3 batch 2 (step 18), epoch 3 end (step 24)')`` (bounded)."""
-    if all(p.batch is None for p in points):
+    all are epoch ends (and not ``by_place``: a message that names other points by their
+    place names these alike), else each by its place, since several share an epoch:
+    ``('points', 'epoch 3 batch 2 (step 18), epoch 3 end (step 24)')`` (bounded)."""
+    if not by_place and all(p.batch is None for p in points):
         return "epochs", describe_epochs([p.epoch for p in points])
     places = [
         f"epoch {p.epoch} " + (f"batch {p.batch}" if p.batch is not None else "end")

@@ -71,3 +71,18 @@ def test_averaging_refusals_under_mid_epoch_points_name_the_points(tmp_path):
         f"points and the run passed 10 (run {n.run_id} holds {held}). Average fewer points, or "
         "train the run further."
     )
+
+
+def test_an_epoch_end_gone_among_mid_epoch_points_is_named_by_its_place(tmp_path):
+    # the named points are epoch ends: the gone one is 'epoch 2 end (step 16)', not a bare
+    # '2' beside 'kept points epoch 3 batch 5 ...' (read as a count)
+    n = Nitro(KeepLastTwo(), run_dir=tmp_path).train()
+    held = "points epoch 3 batch 5 (step 21), epoch 3 end (step 24)"
+    with pytest.raises(CheckpointNotFound) as exc:
+        average_checkpoints(tmp_path, "latest => Average(Epochs(2:3))")
+    assert str(exc.value) == (
+        f"Cannot average 'latest => Average(Epochs(2:3))' in {str(tmp_path)!r}: Epochs(2:3) names "
+        f"epochs 2, 3 of run {n.run_id}, which kept {held} under keep=(Last(2)); it no longer "
+        "holds epoch 2 end (step 16). Keep them while training: "
+        "Checkpointer(keep=(Last(2), Epochs(2:3)))."
+    )
