@@ -427,7 +427,7 @@ def _verify(args: argparse.Namespace) -> int:
         else:
             print(f"CORRUPT  {c.file}{where}: {c.problem}")
     bad = sum(not c.ok for c in checks)
-    print(f"{len(checks)} record file(s) checked, {bad} corrupt")
+    print(f"{len(checks)} record(s) checked, {bad} corrupt")
     return 1 if bad else 0
 
 

@@ -193,8 +193,8 @@ def _tokenize(text: str) -> list[_Tok]:
 
 # -- the parser ----------------------------------------------------------------------------------
 _PAIR_HINT = (
-    "Write a pair such as 'latest => best' or 'latest => Average(Last(10))', or a path ending "
-    "in .safetensors."
+    "Write a pair such as 'latest => best' or 'latest => Average(Last(10))', or a record's "
+    "path (a .safetensors file or a record directory)."
 )
 
 
@@ -370,7 +370,7 @@ def parse_source(text: str) -> Source:
     if len(text) > MAX_LENGTH:
         raise SourceSyntaxError(
             f"Source is {len(text)} characters long; the limit is {MAX_LENGTH}. Write a pair "
-            "such as 'latest => best' or a path ending in .safetensors."
+            "such as 'latest => best' or a record's path (a .safetensors file or a record directory)."
         )
     stripped = text.strip()
     if "=>" not in stripped and stripped.endswith((PATH_SUFFIX, DIRECTORY_SUFFIX)):

@@ -39,15 +39,21 @@ class EMATracker:
                 seen.add(id(t))
                 self._live[key] = t
         self.shadow = {k: t.detach().clone() for k, t in self._live.items()}
-        self._float = [k for k, t in self._live.items() if t.is_floating_point()]
+        # floating tensors grouped by their type: one foreach call per group, since under FSDP
+        # the parameters are DTensors and the buffers (BatchNorm's statistics) plain tensors
+        groups: dict[type, list[str]] = {}
+        for k, t in self._live.items():
+            if t.is_floating_point():
+                groups.setdefault(type(t), []).append(k)
+        self._float = list(groups.values())
         self._other = [k for k, t in self._live.items() if not t.is_floating_point()]
 
     @torch.no_grad()
     def update(self) -> None:
-        if self._float:
+        for keys in self._float:
             torch._foreach_lerp_(
-                [self.shadow[k] for k in self._float],
-                [self._live[k].detach() for k in self._float],
+                [self.shadow[k] for k in keys],
+                [self._live[k].detach() for k in keys],
                 1.0 - self.decay,
             )
         for k in self._other:

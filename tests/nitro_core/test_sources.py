@@ -89,7 +89,7 @@ DEEP = "latest => Average(" + "Best(1;among=" * 33 + "Last(1)" + ")" * 34  # 33 
 def _syntax(pos: int, found: str, expected: str, text: str) -> str:
     return (
         f"Cannot parse source {text!r}: at position {pos} found {found}, expected {expected}. Write "
-        "a pair such as 'latest => best' or 'latest => Average(Last(10))', or a path ending in .safetensors."
+        "a pair such as 'latest => best' or 'latest => Average(Last(10))', or a record's path (a .safetensors file or a record directory)."
     )
 
 
@@ -234,7 +234,7 @@ def test_a_100_kb_source_is_refused_by_length():
         parse_source("latest => " + "x" * 100_000)
     assert str(exc.value) == (
         "Source is 100010 characters long; the limit is 512. Write a pair such as 'latest => best' "
-        "or a path ending in .safetensors."
+        "or a record's path (a .safetensors file or a record directory)."
     )
 
 

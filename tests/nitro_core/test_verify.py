@@ -106,12 +106,12 @@ def test_a_single_file_is_checked_against_its_manifest_entry_when_listed(run):
 def test_nitro_verify_prints_a_line_per_file_and_exits_1_on_damage(run, capsys):
     assert main(["verify", str(run)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[-1] == "2 record file(s) checked, 0 corrupt"
+    assert out[-1] == "2 record(s) checked, 0 corrupt"
     assert out[0].startswith("ok       epoch-") and out[0].endswith(": optim, params, rng")
     flip_params(run / read_manifest(run)[0].file)
     assert main(["verify", str(run)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("CORRUPT  epoch-") and out[-1] == "2 record file(s) checked, 1 corrupt"
+    assert out[0].startswith("CORRUPT  epoch-") and out[-1] == "2 record(s) checked, 1 corrupt"
 
 
 def test_nitro_verify_help_has_a_summary_and_an_example():

@@ -32,14 +32,14 @@ BAD_CALLS = [
     ("nitro_train", {"experiment": "Regression", "run_dir": "escape/inner"}, None),
     ("nitro_train", {"experiment": "Regression", "weights": "latest => eval('1')"},
      "Cannot parse source \"latest => eval('1')\": at position 10 found 'eval', expected best, latest or Average(...). "
-     "Write a pair such as 'latest => best' or 'latest => Average(Last(10))', or a path ending in .safetensors."),
+     "Write a pair such as 'latest => best' or 'latest => Average(Last(10))', or a record's path (a .safetensors file or a record directory)."),
     ("nitro_train", {"experiment": "Regression", "weights": "best"},
      "Source 'best' names a checkpoint but not the run it belongs to; write 'latest => best' (the latest run's best) "
      "or 'all => best' (the best of every run)."),
     ("nitro_train", {"experiment": "Regression", "weights": "latest => best"}, "No checkpoint matches 'latest => best' in"),
     ("nitro_train", {"experiment": "Regression", "resume": "__import__('os').system('x')"},
      "Cannot parse source \"__import__('os').system('x')\": at position 10 found '(', expected '=>'. Write a pair such "
-     "as 'latest => best' or 'latest => Average(Last(10))', or a path ending in .safetensors."),
+     "as 'latest => best' or 'latest => Average(Last(10))', or a record's path (a .safetensors file or a record directory)."),
     ("nitro_train", {"experiment": "Regression", "restore_best": "Average(Last(0))"},
      "Cannot parse source 'Average(Last(0))': at position 13 found '0', expected a positive integer up to 100000 (the most records a selector picks). "
      "Write restore_best as true, false or an average such as 'Average(Last(10))'."),
@@ -51,7 +51,7 @@ BAD_CALLS = [
     ("nitro_train", {"experiment": "Regression", "weights": "../../etc/x.safetensors"}, None),
     ("nitro_validate", {"experiment": "Regression", "weights": "latest =>"},
      "Cannot parse source 'latest =>': at position 9 found the end of the text, expected best, latest or Average(...). "
-     "Write a pair such as 'latest => best' or 'latest => Average(Last(10))', or a path ending in .safetensors."),
+     "Write a pair such as 'latest => best' or 'latest => Average(Last(10))', or a record's path (a .safetensors file or a record directory)."),
     ("nitro_validate", {"experiment": "Regression", "wait_s": 500}, "wait_s=500 is out of range; give 0 to 60 seconds."),
     ("average", {"run_dir": "../x"}, None),
     ("average", {"run_dir": "runs/none", "source": "all => Average(Last(3))"},
