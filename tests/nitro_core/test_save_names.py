@@ -175,7 +175,7 @@ def test_two_processes_saving_one_name_one_wins_and_the_file_holds_its_average(r
         for source in sources
     ]
     go.touch()
-    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    outs = [p.communicate(timeout=600)[0].strip() for p in procs]
     assert sorted(o == "saved" for o in outs) == [False, True], outs
     (loser,) = (o for o in outs if o != "saved")
     published = (

@@ -17,7 +17,7 @@ SCRIPT = Path(__file__).with_name("rank_script.py")
 def torchrun(
     nproc: int,
     *args: object,
-    timeout: float = 120,
+    timeout: float = 600,
     env: dict[str, str] | None = None,
     check: bool = True,
     script: Path = SCRIPT,
@@ -36,7 +36,7 @@ def torchrun(
     return done
 
 
-def one_process(*args: object, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def one_process(*args: object, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """The same script in one plain process (no torchrun)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     done = subprocess.run(

@@ -89,11 +89,11 @@ def test_the_example_script_trains_and_resumes_under_torchrun(tmp_path: Path) ->
         str(script), "--run-dir", str(tmp_path), "--epochs", "2",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    first = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stdout.count("rank 0 of 2 (ddp): epoch 2") == 1  # rank 0 alone prints
     again = subprocess.run(
-        [*command[:-1], "3"], capture_output=True, text=True, timeout=120, env=env
+        [*command[:-1], "3"], capture_output=True, text=True, timeout=600, env=env
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert [e.epoch for e in read_manifest(tmp_path)] == [1, 2, 3]
@@ -119,7 +119,7 @@ def test_a_loss_non_finite_on_one_rank_only_stops_every_rank_at_the_same_point(
     # reaches its parameters through the gradient all-reduce only after its third loss).
     run = tmp_path / "run"
     done = torchrun(2, run, 2, "false", "ddp", 3, env={"NITRO_TEST_NAN_AT": "1:3"},
-                    check=False, timeout=90)  # fmt: skip
+                    check=False, timeout=600)  # fmt: skip
     assert done.returncode != 0
     said = "The training loss became non-finite at epoch 1, step 3 (batch 3 of the epoch on rank 1)"
     assert done.stderr.count(said) == 2, done.stderr[-4000:]  # both ranks, the same words
@@ -131,5 +131,5 @@ def test_a_background_write_failing_on_rank_0_stops_every_rank_at_the_next_point
     tmp_path: Path,
 ) -> None:
     done = torchrun(2, tmp_path, 4, "false", "ddp", env={"NITRO_TEST_FAIL_WRITE": "2"},
-                    check=False, timeout=90)  # fmt: skip
+                    check=False, timeout=600)  # fmt: skip
     assert_both_ranks_stopped_on_rank_0s_failed_write(done, tmp_path)

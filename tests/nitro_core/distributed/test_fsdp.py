@@ -162,7 +162,7 @@ def test_a_sharded_record_has_nothing_pickled(tmp_path: Path) -> None:
 def test_a_two_rank_sharded_record_reshards_onto_four_ranks(tmp_path: Path) -> None:
     torchrun(2, tmp_path, 2, "false", "fsdp")
     saved = tensors(tmp_path / "final-2-false-fsdp-w2-rank0.safetensors")
-    done = torchrun(4, tmp_path, 3, "auto", "fsdp", timeout=180)
+    done = torchrun(4, tmp_path, 3, "auto", "fsdp", timeout=600)
     assert "written by 2 process(es), on 4" in done.stderr
     for rank in range(4):
         assert_equal_tensors(
@@ -207,5 +207,5 @@ def test_a_write_failing_on_rank_0_stops_every_rank_at_the_next_point(tmp_path: 
     # rank 0 alone commits a sharded record: its second publish fails in the background;
     # rank 1 must not go on into the next collective and wait there forever
     done = torchrun(2, tmp_path, 4, "false", "fsdp", env={"NITRO_TEST_FAIL_PUBLISH": "2"},
-                    check=False, timeout=90)  # fmt: skip
+                    check=False, timeout=600)  # fmt: skip
     assert_both_ranks_stopped_on_rank_0s_failed_write(done, tmp_path)

@@ -33,7 +33,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
         str(SCRIPT), str(out),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     if done.returncode != 0:
         pytest.fail(f"torchrun failed ({done.returncode}):\n{done.stderr[-6000:]}")
     return out
