@@ -64,6 +64,15 @@ def is_sharded(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink()
 
 
+def _fresh(tmp: Path) -> None:
+    """Rank 0 clears ``tmp`` of what a killed write left under this name and makes it anew.
+    Another rank's DCP writer may have made it already (``prepare_local_plan`` does, on every
+    rank, before the plans are gathered): that empty directory is fine, since no rank writes a
+    byte before rank 0 joins the gather, so ``exist_ok``."""
+    remove_tree(tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+
+
 def write(tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool) -> dict[str, str]:
     """Every rank's part of ``tensors`` (DTensors: each rank's pieces; plain tensors: one
     copy, written by one rank) into ``tmp`` through DCP. A collective: every rank calls it
@@ -76,8 +85,7 @@ def write(tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool) -> dict[st
 
     _check_tensors(tensors)
     if main:
-        remove_tree(tmp)  # a directory a killed write left under this name
-        tmp.mkdir(parents=True)
+        _fresh(tmp)
     writer = ShardWriter(str(tmp))
     save(dict(tensors), storage_writer=writer, planner=_rank_0_writes_plain())
     return dict(writer.digests)
@@ -96,8 +104,7 @@ def write_async(
 
     _check_tensors(tensors)
     if main:
-        remove_tree(tmp)
-        tmp.mkdir(parents=True)
+        _fresh(tmp)
     writer = ShardWriter(str(tmp))
     saved = async_save(
         dict(tensors), storage_writer=writer, planner=_rank_0_writes_plain(), process_group=group

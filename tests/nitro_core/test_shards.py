@@ -275,3 +275,23 @@ def test_a_record_directory_written_before_header_digests_still_reads_and_verifi
         False,
         sorted({k.split("/")[0] for k in tensors}),
     )
+
+
+def test_rank_0_clears_a_leftover_directory_another_rank_s_writer_already_made(
+    tmp_path, monkeypatch
+):
+    # DCP's writer makes the directory on every rank before the plans are gathered: rank 1 can
+    # make it right after rank 0 cleared it, and rank 0 must then neither fail nor keep what a
+    # killed write left
+    tmp = tmp_path / "epoch-0001-step-3-loss=0.5.tmp"
+    tmp.mkdir()
+    (tmp / "shard-00001-model-00001-of-00001.safetensors").write_bytes(b"left by a killed write")
+    clear = shards.remove_tree
+
+    def cleared_then_made_by_rank_1(path):
+        clear(path)
+        path.mkdir()  # rank 1's prepare_local_plan, between rank 0's two steps
+
+    monkeypatch.setattr(shards, "remove_tree", cleared_then_made_by_rank_1)
+    shards._fresh(tmp)
+    assert tmp.is_dir() and list(tmp.iterdir()) == []

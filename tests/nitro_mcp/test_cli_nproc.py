@@ -30,9 +30,9 @@ def test_nproc_two_trains_on_two_ranks_and_rank_0_alone_prints(tmp_path):
         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in done.stdout.splitlines()]  # stdout: JSON lines only
     assert [r["epoch"] for r in rows] == [1, 2]  # one line per epoch, not one per rank
-    assert done.stdout.count("completed at epoch 2") == 1
+    assert done.stderr.count("completed at epoch 2") == 1  # the prose, on stderr, once
     entries = read_manifest(tmp_path / "run")
     meta = store.read_header(tmp_path / "run" / entries[-1].file)
     assert meta["distributed"] == {"world": 2, "strategy": "ddp"}
