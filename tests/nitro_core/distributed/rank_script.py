@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
@@ -50,21 +51,24 @@ def full_parameters(n: Nitro) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone().contiguous() for k, v in state.items()}
 
 
-def slow_shard_writes(seconds: float) -> None:
-    """Test hook: each rank sleeps inside every shard write, after DCP wrote its files and
-    before the commit, so that a test can kill a rank mid-write."""
+def slow_shard_writes(seconds: float, run_dir: str) -> None:
+    """Test hook: each rank, inside DCP's write of its shard (on the synchronous and the
+    background path alike, so before any rank's files are durable), leaves a marker
+    ``inside-write-rank<r>`` in ``run_dir`` and sleeps, so that a test can wait for the
+    marker and kill a rank mid-write."""
     import time
 
-    from nitro_core.store import shards
+    from nitro_core.store import shard_writer
 
-    write = shards.write
+    write_data = shard_writer.ShardWriter.write_data
 
-    def slowed(tmp, tensors, main):
-        digests = write(tmp, tensors, main)
+    def slowed(self, plan, planner):
+        rank = os.environ.get("RANK", "0")
+        Path(run_dir, f"inside-write-rank{rank}").touch()
         time.sleep(seconds)
-        return digests
+        return write_data(self, plan, planner)
 
-    shards.write = slowed
+    shard_writer.ShardWriter.write_data = slowed
 
 
 def restore_and_dump(run_dir: str, source: str, strategy: str) -> None:
@@ -122,7 +126,7 @@ def main() -> None:
         restore_and_dump(sys.argv[1], os.environ["NITRO_TEST_RESTORE_FROM"], sys.argv[4])
         return
     if os.environ.get("NITRO_TEST_SLOW_SHARD_WRITE"):
-        slow_shard_writes(float(os.environ["NITRO_TEST_SLOW_SHARD_WRITE"]))
+        slow_shard_writes(float(os.environ["NITRO_TEST_SLOW_SHARD_WRITE"]), sys.argv[1])
     run_dir, epochs, resume, strategy = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     every = int(sys.argv[5]) if len(sys.argv) > 5 and sys.argv[5] != "-" else None
     stop_after = int(sys.argv[6]) if len(sys.argv) > 6 else None

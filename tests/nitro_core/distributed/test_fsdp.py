@@ -112,20 +112,24 @@ def test_killing_a_rank_mid_write_leaves_the_manifest_and_the_previous_records(
 ) -> None:
     torchrun(2, tmp_path, 2, "false", "fsdp")
     before = read_manifest(tmp_path)
-    # a third epoch whose write is slowed so the kill lands inside it
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NITRO_TEST_SLOW_SHARD_WRITE": "5"}
+    # a third epoch whose write stalls inside DCP on every rank until the test kills one
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NITRO_TEST_SLOW_SHARD_WRITE": "600"}
     child = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
          str(SCRIPT), str(tmp_path), "3", "auto", "fsdp"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 90
-    while not list(tmp_path.glob("*.tmp")) and time.monotonic() < deadline:
+    marker = tmp_path / "inside-write-rank1"
+    deadline = time.monotonic() + 600
+    while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert list(tmp_path.glob("*.tmp")), "the third epoch's write never started"
+    assert marker.exists(), "the third epoch's write never started"
+    assert [p.name for p in tmp_path.glob("epoch-0003*.tmp")], "no partial record to kill"
     rank_pids = _rank_pids(child.pid)
-    os.kill(rank_pids[-1], signal.SIGKILL)  # one rank, mid-write
-    child.wait(timeout=60)
+    assert sorted(rank_pids) == [0, 1], rank_pids
+    os.kill(rank_pids[1], signal.SIGKILL)  # rank 1, inside its shard write
+    child.wait(timeout=600)
+    assert child.returncode != 0
     assert read_manifest(tmp_path) == before
     for e in before:
         store.read_record(tmp_path / e.file, e.expected)  # intact, digests checked
@@ -135,19 +139,22 @@ def test_killing_a_rank_mid_write_leaves_the_manifest_and_the_previous_records(
     assert not list(tmp_path.glob("*.tmp"))  # the new write replaced the partial one
 
 
-def _rank_pids(launcher: int) -> list[int]:
-    found = []
+def _rank_pids(launcher: int) -> dict[int, int]:
+    """``{rank: pid}`` of the rank processes torchrun ``launcher`` started."""
+    found = {}
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 stat = (proc / "stat").read_text()
                 cmdline = (proc / "cmdline").read_bytes()
+                environ = (proc / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
             ppid = int(stat.rsplit(")", 1)[1].split()[1])
             if ppid == launcher and b"rank_script.py" in cmdline:
-                found.append(int(proc.name))
-    return sorted(found)
+                rank = next(v for v in environ if v.startswith(b"RANK="))
+                found[int(rank.removeprefix(b"RANK="))] = int(proc.name)
+    return found
 
 
 def test_a_sharded_record_has_nothing_pickled(tmp_path: Path) -> None:
