@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nitro_core.errors import CheckpointCorrupt, ConfigError
+from nitro_core.errors import CheckpointCorrupt, ConfigError, arg
 from nitro_core.sources.grammar import Average, Pair, to_source
 from nitro_core.sources.resolve import Resolved, resolve
 from nitro_core.state.records import (
@@ -67,8 +67,9 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
     if load_ema and not has_ema:
         lacking = next(e for e in picked if not _has_ema(run_dir / e.file, e.expected))
         raise ConfigError(
-            f"load_ema=True, but {lacking.file!r} (epoch {lacking.epoch}) keeps no EMA; every "
-            "picked record must. Drop load_ema to average their parameters."
+            arg("load_ema", True),
+            f", but {lacking.file!r} (epoch {lacking.epoch}) keeps no EMA; every picked record "
+            "must. Drop load_ema to average their parameters.",
         )
     targets = {f"params/{k}" for k in params} | ({f"ema/{k}" for k in params} if has_ema else set())
     averaged = {"params", "ema"} if has_ema else {"params"}  # the sections read of every record

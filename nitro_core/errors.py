@@ -22,16 +22,163 @@ Each class also subclasses the builtin a caller would naturally catch, so
     └── NitroDeprecationWarning(NitroWarning, FutureWarning)
 
 A message has three parts: what failed, the offending value, and what to write instead.
-The MCP layer passes the text through unchanged, so messages are part of the contract.
+An error keeps them as data, its ``parts``: prose (``str``), a keyword value (:class:`Arg`),
+the failed call again with other arguments (:class:`Redo`), a call of one of Nitro's
+operations (:class:`Call`), a change to the experiment's ``checkpointer()``
+(:class:`CheckpointerFix`) or to its fields (:class:`FieldFix`), and a passage each audience
+reads in its own words (:class:`Worded`). Each audience renders them once: ``str(exc)`` is
+the :class:`PythonRenderer`'s text (``restore_optimizer=True``, ``Nitro(exp, weights=...)``);
+the MCP layer renders the same parts as a tool call (``restore_optimizer=true``,
+``nitro_train(..., weights=...)``). :func:`parts_to_json` and :func:`parts_from_json` carry
+them through a job's status file. Messages are part of the contract: tests assert them.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from pydantic import TypeAdapter
+
+Operation = Literal["train", "validate", "average"]
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A keyword and its value (a JSON value): ``restore_optimizer=True`` in Python,
+    ``restore_optimizer=true`` in a tool call."""
+
+    name: str
+    value: Any
+    kind: Literal["arg"] = "arg"
+
+
+def arg(name: str, value: Any) -> Arg:
+    """``name=value``, written for each audience."""
+    return Arg(name, value)
+
+
+@dataclass(frozen=True)
+class Redo:
+    """The call that failed, again with these arguments (a ``str`` is written as it stands,
+    such as ``weights=...``): ``Nitro(exp, weights=...)`` in Python, ``nitro_train(...,
+    weights=...)`` for the tool that failed."""
+
+    args: tuple[Arg | str, ...]
+    kind: Literal["redo"] = "redo"
+
+
+@dataclass(frozen=True)
+class Call:
+    """A complete call of one of Nitro's operations with its arguments: the call model in
+    Python (``TrainCall(experiment='Regression', ...)``), its tool for an MCP client."""
+
+    operation: Operation
+    args: dict[str, Any]
+    kind: Literal["call"] = "call"
+
+
+@dataclass(frozen=True)
+class CheckpointerFix:
+    """A ``Checkpointer(...)`` to write, ``arguments`` as module code (``keep=Last(1)``): no
+    argument of a call can change it, only the experiment's ``checkpointer()``."""
+
+    arguments: str
+    kind: Literal["checkpointer"] = "checkpointer"
+
+
+@dataclass(frozen=True)
+class FieldFix:
+    """The experiment's config to change: ``field`` of ``type`` (a value that does not fit),
+    or ``unknown``, a name among none of ``fields``."""
+
+    experiment: str
+    fields: tuple[str, ...]
+    field: str | None = None
+    type: str | None = None
+    unknown: str | None = None
+    kind: Literal["field"] = "field"
+
+
+@dataclass(frozen=True)
+class Worded:
+    """A passage each audience reads in its own words (where the fix is not one call)."""
+
+    python: str
+    tool: str
+    kind: Literal["worded"] = "worded"
+
+
+Part = str | Arg | Redo | Call | CheckpointerFix | FieldFix | Worded
+
+WEIGHTS_ONLY = Redo(("weights=...",))  # a new run that takes only a checkpoint's weights
+
+CALL_MODELS: dict[Operation, str] = {
+    "train": "TrainCall",
+    "validate": "ValidateCall",
+    "average": "AverageCall",
+}
+
+
+class Renderer(Protocol):
+    """Writes each part of an error for one audience."""
+
+    def render(self, part: Part) -> str: ...
+
+
+def render(parts: tuple[Part, ...], renderer: Renderer) -> str:
+    """An error's parts written by ``renderer``, joined."""
+    return "".join(renderer.render(p) for p in parts)
+
+
+@dataclass(frozen=True)
+class PythonRenderer:
+    """Parts as a Python caller writes them: ``str(exc)``."""
+
+    def render(self, part: Part) -> str:
+        if isinstance(part, str):
+            return part
+        if isinstance(part, Arg):
+            return f"{part.name}={part.value!r}"
+        if isinstance(part, Redo):
+            args = ", ".join(self.render(a) for a in part.args)
+            return f"Nitro(exp, {args})"
+        if isinstance(part, Call):
+            args = ", ".join(f"{k}={v!r}" for k, v in part.args.items())
+            return f"{CALL_MODELS[part.operation]}({args})"
+        if isinstance(part, CheckpointerFix):
+            return f"Checkpointer({part.arguments})"
+        if isinstance(part, FieldFix):
+            return f"Write {part.experiment}(field=value) with values that fit."
+        return part.python
+
+
+@functools.cache
+def _parts_adapter() -> TypeAdapter[list[Part]]:
+    return TypeAdapter(list[Part])
+
+
+def parts_to_json(parts: tuple[Part, ...]) -> list[Any]:
+    """An error's parts as JSON data (strings, and objects tagged by ``kind``)."""
+    return _parts_adapter().dump_python(list(parts), mode="json")
+
+
+def parts_from_json(data: Any) -> tuple[Part, ...]:
+    """The parts :func:`parts_to_json` wrote."""
+    return tuple(_parts_adapter().validate_python(data))
 
 
 class NitroError(Exception):
-    """Base of every error Nitro raises on purpose."""
+    """Base of every error Nitro raises on purpose: ``NitroError(*parts)``, its text the
+    parts as Python writes them (a plain message is one part)."""
+
+    parts: tuple[Part, ...]
+
+    def __init__(self, *parts: Part) -> None:
+        self.parts = parts
+        super().__init__(render(parts, PythonRenderer()))
 
 
 class ConfigError(NitroError, ValueError):
@@ -69,8 +216,8 @@ class CheckpointMissing(CheckpointCorrupt, FileNotFoundError):
 class DiskFull(NitroError, OSError):
     """The disk has no room for a write; nothing half-written was kept (``errno`` ENOSPC)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
+    def __init__(self, *parts: Part) -> None:
+        super().__init__(*parts)
         self.errno = errno.ENOSPC  # code that checks errno keeps working
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
-from nitro_core.errors import ConfigError, MissingHookError
+from nitro_core.errors import ConfigError, FieldFix, MissingHookError, Part
 from nitro_core.policy.selectors import Best, Checkpointer, Last
 from nitro_core.store.metrics_log import JSONLLogger
 
@@ -81,7 +81,7 @@ class Experiment(BaseModel):
         try:
             super().__init__(**data)
         except ValidationError as exc:
-            raise ConfigError(describe_validation_error(type(self), exc)) from None
+            raise ConfigError(*describe_validation_error(type(self), exc)) from None
 
     # -- required hooks ---------------------------------------------------------------
     def build_data(self) -> Mapping[str, Iterable[Any]]:
@@ -236,16 +236,20 @@ def config_diff(recorded: Mapping[str, Any], exp: Experiment) -> list[str]:
     return lines
 
 
-def describe_validation_error(cls: type[BaseModel], exc: ValidationError) -> str:
-    """One message naming each bad field, its value, and what the field accepts."""
+def describe_validation_error(cls: type[BaseModel], exc: ValidationError) -> tuple[Part, ...]:
+    """One message naming each bad field, its value, and what the field accepts, ending in
+    the fix: the first field given a value it does not take, else the first unknown name."""
     name = cls.__name__
     fields = ", ".join(cls.model_fields)
     parts = []
+    typed: tuple[str, str] | None = None
+    unknown: str | None = None
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "(config)"
         value = err.get("input")
         if err["type"] == "extra_forbidden":
             parts.append(f"unknown field {field!r}; {name} has the fields: {fields}")
+            unknown = unknown or field
             continue
         info = cls.model_fields.get(str(err["loc"][0])) if err["loc"] else None
         expected = _type_name(info.annotation) if info is not None else "?"
@@ -253,7 +257,10 @@ def describe_validation_error(cls: type[BaseModel], exc: ValidationError) -> str
             f"field {field!r} expects {expected}, got {value!r} ({type(value).__name__}): "
             f"{err['msg']}"
         )
-    return f"{name}: " + "; ".join(parts) + f". Write {name}(field=value) with values that fit."
+        typed = typed or (field, expected)
+    bad, bad_type = typed or (None, None)
+    fix = FieldFix(name, tuple(cls.model_fields), bad, bad_type, None if typed else unknown)
+    return f"{name}: " + "; ".join(parts) + ". ", fix
 
 
 def _type_name(annotation: Any) -> str:

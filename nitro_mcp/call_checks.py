@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from nitro_core.errors import ConfigError, NitroError, ResumeRefused
 from nitro_core.experiment import Experiment, config_of, host_fields
 from nitro_core.jobs import JobManager, JobStatus
-from nitro_core.jobs.calls import nothing_to_train, tool_call, train_arguments, value
+from nitro_core.jobs.calls import nothing_to_train, train_arguments
 from nitro_core.sources.grammar import Source
 from nitro_core.training.from_record import (
     RecordConfig,
@@ -31,6 +31,8 @@ from nitro_core.training.from_record import (
 )
 from nitro_core.training.resume import ResumePoint
 from nitro_mcp.record_fit import model_shapes, record_shapes, registered_name
+from nitro_mcp.refusals import for_tool
+from nitro_mcp.tool_calls import tool_call, value
 
 E = TypeVar("E", bound=Experiment)
 WARNINGS_MAX = 8  # warnings in one reply, each at most WARNING_CHARS characters
@@ -165,7 +167,7 @@ def branch_misfit(
     try:
         check_fits(model, record, strict, origin, type(exp).__name__)
     except ConfigError as exc:
-        return str(exc).rstrip(".")
+        return for_tool(exc, "nitro_train").rstrip(".")  # a branch is a nitro_train call
     return None
 
 
@@ -173,9 +175,7 @@ def check_something_to_train(point: ResumePoint, exp: Experiment, args: dict[str
     """Refuse a resume whose record already reached the max_epochs the job would run to."""
     epoch = int(point.meta.get("epoch", 0))
     if epoch >= exp.max_epochs:
-        raise ConfigError(
-            nothing_to_train(args, str(point.meta.get("run", "?")), epoch, exp.max_epochs)
-        )
+        raise nothing_to_train(args, str(point.meta.get("run", "?")), epoch, exp.max_epochs)
 
 
 def busy_job(jobs: JobManager, where: Path) -> JobStatus | None:

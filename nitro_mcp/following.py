@@ -15,7 +15,7 @@ from nitro_core.errors import ConfigError
 from nitro_core.jobs import JobStatus
 from nitro_mcp import models
 from nitro_mcp.echo import clip
-from nitro_mcp.phrasing import job_error
+from nitro_mcp.refusals import job_error
 
 Until = Literal["change", "end"]
 FOLLOW_WAIT_S = 25  # the longest nitro_status long-poll

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nitro_core.errors import ConfigError, ResumeRefused, UnsafePath
-from nitro_core.jobs.calls import tool_call, train_arguments
+from nitro_core.jobs.calls import train_arguments
 from nitro_core.store import metrics_log
 from nitro_core.store.metrics_log import READ_MAX
 from nitro_core.training.loggers import LOGGERS, tensorboard_installed
@@ -28,6 +28,7 @@ from nitro_core.training.resume import ResumePoint
 from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.paths import shown
+from nitro_mcp.tool_calls import tool_call
 
 ROWS_CHARS = 6000  # the rows of a history reply, as compact JSON
 REPLY_CHARS = 7500  # the whole history reply, with room to spare under 8,000

@@ -20,7 +20,7 @@ from typing import Any
 from nitro_core.errors import ConfigError, NitroError
 from nitro_core.experiment import Experiment
 from nitro_core.info import checkpoint_info
-from nitro_core.jobs.calls import tool_call
+from nitro_mcp.tool_calls import tool_call
 
 
 def check_record_fits(
@@ -47,7 +47,9 @@ def check_record_fits(
         written = header.get("experiment")
         if not isinstance(written, str) or written.rsplit(".", 1)[-1] == name:
             raise
-        raise ConfigError(f"{exc} {writer_sentence(written, name, tool, args, registry)}") from None
+        raise ConfigError(
+            *exc.parts, " ", writer_sentence(written, name, tool, args, registry)
+        ) from None
 
 
 def writer_sentence(

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from nitro_core.errors import ConfigError, NitroDeprecationWarning
+from nitro_core.errors import CheckpointerFix, ConfigError, NitroDeprecationWarning
 from nitro_core.policy.bounds import MAX_COUNT as MAX_COUNT
 from nitro_core.policy.bounds import MAX_EPOCHS as MAX_EPOCHS
 from nitro_core.policy.bounds import epochs_spec, positive
@@ -435,8 +435,9 @@ class Checkpointer:
     def _validate(self) -> None:
         if not self.keep:
             raise ConfigError(
-                "Checkpointer(keep=()) keeps nothing; write Checkpointer(keep=Last(1)), or "
-                "return None from checkpointer() to write no checkpoints."
+                "Checkpointer(keep=()) keeps nothing; write ",
+                CheckpointerFix("keep=Last(1)"),
+                ", or return None from checkpointer() to write no checkpoints.",
             )
         for sel in self.keep:
             if not isinstance(sel, Selector):
@@ -448,15 +449,18 @@ class Checkpointer:
         if (self.metric is None) != (self.mode is None):
             given = f"metric={self.metric!r}" if self.mode is None else f"mode={self.mode!r}"
             raise ConfigError(
-                f"Checkpointer({given}) gives one of metric and mode; give both, e.g. "
-                "Checkpointer(metric='acc', mode='max'), or neither to rank by the monitor."
+                f"Checkpointer({given}) gives one of metric and mode; give both, e.g. ",
+                CheckpointerFix("metric='acc', mode='max'"),
+                ", or neither to rank by the monitor.",
             )
         if self.mode not in (None, "min", "max"):
             raise ConfigError(f"Checkpointer(mode={self.mode!r}): mode is 'min' or 'max'.")
         if self.name is not None and not NAME_PATTERN.fullmatch(self.name):
             raise ConfigError(
                 f"Checkpointer(name={self.name!r}): a file-name prefix takes letters, digits and "
-                "'_', '.', '+', '-' only (no path separators); write e.g. Checkpointer(name='model')."
+                "'_', '.', '+', '-' only (no path separators); write e.g. ",
+                CheckpointerFix("name='model'"),
+                ".",
             )
         if self.scope not in ("run", "dir"):
             raise ConfigError(f"Checkpointer(scope={self.scope!r}): scope is 'run' or 'dir'.")
@@ -467,7 +471,9 @@ class Checkpointer:
             raise ConfigError(
                 f"Checkpointer(every_steps={steps!r}): every_steps is a positive number of "
                 "optimizer steps between checkpoint points, or None for epoch ends only; write "
-                "e.g. Checkpointer(every_steps=500)."
+                "e.g. ",
+                CheckpointerFix("every_steps=500"),
+                ".",
             )
         if not isinstance(self.async_write, bool):
             raise ConfigError(

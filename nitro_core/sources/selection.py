@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nitro_core.errors import ConfigError
+from nitro_core.errors import CheckpointerFix, ConfigError
 from nitro_core.policy.ranked import Pair
 from nitro_core.policy.selectors import Checkpointer, Selector, listed
 from nitro_core.sources.grammar import Average
@@ -89,8 +89,9 @@ def check_keep_holds(ckpt: Checkpointer | None, avg: Average, max_epochs: int) -
     if not keep_holds(keep, avg.selector, max_epochs, mid_epoch):
         raise ConfigError(
             f"restore_best={avg} needs records that keep=({current}) does not hold at the end of "
-            f"training (max_epochs={max_epochs}). Keep them: "
-            f"Checkpointer(keep=({current}, {avg.selector.keep_for()}))."
+            f"training (max_epochs={max_epochs}). Keep them: ",
+            CheckpointerFix(f"keep=({current}, {avg.selector.keep_for()})"),
+            ".",
         )
 
 

@@ -6,8 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nitro_core.errors import ConfigError
+from nitro_core.errors import ConfigError, Redo, Worded, arg
 from nitro_core.sources.grammar import Average, Pair, Source, parse_average, to_source
+
+_RESTORE_OPTIMIZER, _LOAD_EMA, _LOOSE = (
+    arg("restore_optimizer", True), arg("load_ema", True), arg("strict", False)
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,8 +42,9 @@ def check_options(
             raise ConfigError(f"{keyword}={value!r} must be True or False.")
     if resume is True or resume in ("true", ":true"):
         raise ConfigError(
-            "resume=True is ambiguous; write resume='auto' (the latest record, or a fresh run "
-            "when there is none) or a source such as resume='latest => latest'."
+            arg("resume", True),
+            " is ambiguous; write resume='auto' (the latest record, or a fresh run when there "
+            "is none) or a source such as resume='latest => latest'.",
         )
     res: Source | Literal["auto"] | None
     if resume in (False, None, "false", ":false"):
@@ -58,30 +63,39 @@ def check_options(
     if restore_optimizer:
         if res is not None:
             raise ConfigError(
-                "restore_optimizer=True is for weights=; a resume already restores the optimizer "
-                "(and the step, schedule and RNG). Drop restore_optimizer."
+                _RESTORE_OPTIMIZER,
+                " is for weights=; a resume already restores the optimizer (and the step, "
+                "schedule and RNG). Drop restore_optimizer.",
             )
         if src is None:
             raise ConfigError(
-                "restore_optimizer=True needs weights=...: it takes the optimizer state of the "
-                "checkpoint weights= names. Write Nitro(exp, weights='latest => best', "
-                "restore_optimizer=True), or resume='latest => latest' to continue exactly."
+                _RESTORE_OPTIMIZER,
+                " needs weights=...: it takes the optimizer state of the checkpoint weights= "
+                "names. Write ",
+                Redo((arg("weights", "latest => best"), _RESTORE_OPTIMIZER)),
+                ", or resume='latest => latest' to continue exactly.",
             )
         if averaged:
             raise ConfigError(
-                f"restore_optimizer=True with weights={str(src)!r}: an average carries no optimizer "
-                "state. Drop restore_optimizer, or load one record: weights='latest => best'."
+                _RESTORE_OPTIMIZER,
+                f" with weights={str(src)!r}: an average carries no optimizer state. Drop "
+                "restore_optimizer, or load one record: weights='latest => best'.",
             )
     if not strict and res is not None:
         raise ConfigError(
-            "strict=False loads leaves by name, which cannot continue a run exactly. Drop "
-            "strict=False to resume, or start a new run with weights=..., strict=False."
+            _LOOSE,
+            " loads leaves by name, which cannot continue a run exactly. Drop ",
+            _LOOSE,
+            " to resume, or start a new run with weights=..., ",
+            _LOOSE,
+            ".",
         )
     if load_ema and src is None:
         raise ConfigError(
-            "load_ema=True loads the EMA copy of the checkpoint weights= names; write "
-            "Nitro(exp, weights='latest => best', load_ema=True). A resume restores the EMA as "
-            "the EMA already."
+            _LOAD_EMA,
+            " loads the EMA copy of the checkpoint weights= names; write ",
+            Redo((arg("weights", "latest => best"), _LOAD_EMA)),
+            ". A resume restores the EMA as the EMA already.",
         )
     return LoadOptions(
         res, src, bool(restore_optimizer), _restore_best(restore_best), bool(load_ema), bool(strict)
@@ -97,6 +111,11 @@ def _restore_best(value: Any) -> bool | Average:
             return text == "true"
         return parse_average(value)
     raise ConfigError(
-        f"restore_best={value!r}: write True (the run's best checkpoint), False, or an "
-        "average such as Average(Last(10)) or 'Average(Last(10))'."
+        f"restore_best={value!r}: ",
+        Worded(
+            "write True (the run's best checkpoint), False, or an average such as "
+            "Average(Last(10)) or 'Average(Last(10))'.",
+            "send restore_best=true (the run's best checkpoint), false, or an average such as "
+            "'Average(Last(10))'.",
+        ),
     )

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from nitro_core.errors import NitroWarning, RecordError, ResumeRefused
+from nitro_core.errors import WEIGHTS_ONLY, NitroWarning, RecordError, ResumeRefused
 from nitro_core.state import records, rng
 from nitro_core.training.loop import Cursor
 
@@ -110,7 +110,9 @@ def check_length(position: Position, split: Any, epoch: int, file: str) -> None:
             f"Cannot resume {file!r}: it was written after batch {position.batch} of epoch "
             f"{epoch}, and the train split now yields {total} batches an epoch, so there is "
             "no next batch to continue from. Restore the data the record was trained on, or "
-            "start a new run that takes only the weights: Nitro(exp, weights=...)."
+            "start a new run that takes only the weights: ",
+            WEIGHTS_ONLY,
+            ".",
         )
 
 
@@ -158,6 +160,8 @@ def reopen(
                     f"Cannot resume mid-epoch: the train split yielded {consumed} batches of "
                     f"epoch {epoch} on replay, and the record was written after batch "
                     f"{position.batch}. Restore the data the record was trained on, or start a "
-                    "new run that takes only the weights: Nitro(exp, weights=...)."
+                    "new run that takes only the weights: ",
+                    WEIGHTS_ONLY,
+                    ".",
                 ) from None
     return batches, Cursor.start(device, position.batch, position.loss_sum)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nitro_core.errors import ConfigError, MonitorError, NitroWarning
+from nitro_core.errors import CheckpointerFix, ConfigError, MonitorError, NitroWarning
 from nitro_core.experiment import Experiment, defines
 from nitro_core.policy import retention
 from nitro_core.policy.selectors import NAME_PATTERN, Checkpointer, Mode
@@ -86,15 +86,18 @@ def resolve(
                 f"{name} has nothing to rank by for {' and '.join(needs)}: it defines metrics() "
                 "without declaring monitor(), and eval_loss() is off, so no 'loss' is reported. "
                 "Declare def monitor(self): return ('acc', 'max') with a key finalize_metrics "
-                "returns, turn on def eval_loss(self): return True, or keep only Last(k): "
-                "Checkpointer(keep=Last(1))."
+                "returns, turn on def eval_loss(self): return True, or keep only Last(k): ",
+                CheckpointerFix("keep=Last(1)"),
+                ".",
             )
     if not has_val:
         if ckpt is not None and ckpt.best_only:
             raise ConfigError(
                 f"{name} keeps only {ckpt} but build_data() has no 'val' split, so no epoch "
                 f"would have a score and nothing would be written. Add a 'val' split, or keep "
-                f"the latest too: Checkpointer(keep=({', '.join(map(str, ckpt.keep))}, Last(1)))."
+                "the latest too: ",
+                CheckpointerFix(f"keep=({', '.join(map(str, ckpt.keep))}, Last(1))"),
+                ".",
             )
         if watchers:
             raise ConfigError(
@@ -197,8 +200,9 @@ def check_metrics(
             raise MonitorError(
                 f"Monitored metric {metric!r} is not a key finalize_metrics returned for 'val' "
                 f"at {end}; it returned: {available}.{hint} Return {metric!r} "
-                f"from {name}.metrics()/finalize_metrics(), or declare monitor() (or "
-                "Checkpointer(metric=, mode=)) with one of the returned keys."
+                f"from {name}.metrics()/finalize_metrics(), or declare monitor() (or ",
+                CheckpointerFix("metric=, mode="),
+                ") with one of the returned keys.",
             )
         value = metrics[metric]
         if not isinstance(value, int | float) or not math.isfinite(value):

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nitro_core.errors import CheckpointNotFound, ConfigError, NitroWarning, ResumeRefused
+from nitro_core.errors import (
+    WEIGHTS_ONLY,
+    CheckpointNotFound,
+    ConfigError,
+    NitroWarning,
+    ResumeRefused,
+)
 from nitro_core.experiment import Experiment, config_diff
 from nitro_core.sources.grammar import Average, Pair, Source
 from nitro_core.sources.resolve import resolve
@@ -59,7 +65,9 @@ class ResumePoint:
                 + "\n".join(diff)
                 + f"\nPlain fields must match for an exact resume (Host fields may change). "
                 f"Resume with {name}({recorded}), or start a new run that takes only the "
-                "weights: Nitro(exp, weights=...)."
+                "weights: ",
+                WEIGHTS_ONLY,
+                ".",
             )
 
     def check_step(self, exp: Experiment, settings: StepSettings) -> None:
@@ -77,7 +85,9 @@ class ResumePoint:
                 + f"\nAn exact resume takes the step the record was trained with: return "
                 f"{precision!r} from {name}.precision() and {k} from "
                 f"{name}.accumulate_grad_batches(), or start a new run that takes only the "
-                "weights: Nitro(exp, weights=...)."
+                "weights: ",
+                WEIGHTS_ONLY,
+                ".",
             )
 
     def check_resumable(self) -> None:
@@ -116,7 +126,9 @@ class ResumePoint:
                 "which would scramble the optimizer state against the parameters:\n"
                 + "\n".join(lines)
                 + "\nRestore the model and optimizer groups the record was written with, or "
-                "start a new run that takes only the weights: Nitro(exp, weights=...)."
+                "start a new run that takes only the weights: ",
+                WEIGHTS_ONLY,
+                ".",
             )
         was = self.meta.get("logger", {}).get("backend")
         if was is not None and was != logger_backend:

@@ -15,9 +15,9 @@ from mcp import Client
 from nitro_core import Nitro, read_manifest
 from nitro_core.examples import Regression
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
-from nitro_core.jobs.calls import after_failure
 from nitro_core.jobs.files import JobSpec, job_dir, read_spec, read_status, write_json
 from nitro_mcp.server import build_server
+from nitro_mcp.tool_calls import after_failure
 
 from .conftest import call, wait_done
 

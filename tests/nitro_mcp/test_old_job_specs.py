@@ -14,10 +14,10 @@ import anyio
 import pytest
 from mcp import Client
 
-from nitro_core.jobs.calls import resume_call, same_call
 from nitro_core.jobs.files import JobSpec, job_dir, read_spec
 from nitro_core.store.manifest import read_manifest
 from nitro_mcp.server import build_server
+from nitro_mcp.tool_calls import resume_call, same_call
 
 from .conftest import call, wait_done
 
