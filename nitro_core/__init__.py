@@ -6,7 +6,7 @@ nitro_core.errors`` import no torch; the first use of, say, ``nitro_core.Nitro``
 the module that defines it. The layers, each importing only from the ones before it::
 
     errors -> store/ -> policy/, sources/ -> state/ -> averaging, export, info, deletion, verification
-           -> experiment, training/ -> examples/, registry -> jobs/
+           -> experiment, training/ -> examples/, registry, hf_export -> jobs/
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ _WHERE = {
     "Experiment": "nitro_core.experiment",
     "Host": "nitro_core.experiment",
     "export_weights": "nitro_core.export",
+    "export_hf": "nitro_core.hf_export",
     "AverageCall": "nitro_core.jobs.call_models",
     "TrainCall": "nitro_core.jobs.call_models",
     "ValidateCall": "nitro_core.jobs.call_models",
@@ -93,6 +94,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.experiment import Experiment as Experiment
     from nitro_core.experiment import Host as Host
     from nitro_core.export import export_weights as export_weights
+    from nitro_core.hf_export import export_hf as export_hf
     from nitro_core.info import checkpoint_info as checkpoint_info
     from nitro_core.jobs.call_models import AverageCall as AverageCall
     from nitro_core.jobs.call_models import TrainCall as TrainCall
@@ -182,6 +184,7 @@ __all__ = [
     "checkpoint_run",
     "delete_checkpoints",
     "experiment_from_record",
+    "export_hf",
     "export_weights",
     "parse_source",
     "read_manifest",

@@ -14,7 +14,7 @@ from nitro_core.averaging import average
 from nitro_core.sources.grammar import Average, Pair
 from nitro_core.sources.resolve import resolve_in
 from nitro_core.state.loading import WEIGHTS, read
-from nitro_core.state.records import FORMAT_VERSION, framework_version, to_host
+from nitro_core.state.records import FORMAT_VERSION, framework_version, model_layout, to_host
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
 
@@ -42,9 +42,27 @@ def export_weights(
     framework version."""
     path = Path(path)
     refuse_existing(path, "Export path")
+    state, provenance, _ = weights_of(nitro_or_source, run_dir, "export_weights")
+    provenance.update(
+        kind="weights", format_version=FORMAT_VERSION, framework_version=framework_version()
+    )
+    tensors = {k: to_host(v) for k, v in state.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store.write_record(path, tensors, provenance)
+    return path
+
+
+def weights_of(
+    nitro_or_source: Exportable | Any,
+    run_dir: str | Path | None,
+    call: str = "export_weights",
+    target: str = "path",
+) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """What an export writes: the state dict (tied names share one tensor), its provenance,
+    and the header it came from (a handle's: its layout). ``call`` and ``target`` (its
+    second argument) name the caller in a refusal (``export_weights``, ``export_hf``)."""
     if isinstance(nitro_or_source, Exportable):
         n = nitro_or_source
-        state = n.model.state_dict()
         provenance = {
             "source_file": str(n.checkpoint_source) if n.checkpoint_source else None,
             "averaged_from": n.averaged_from,
@@ -55,25 +73,18 @@ def export_weights(
             "epoch": n.epoch,
             "step": n.step,
         }
-    else:
-        state, provenance = _from_source(nitro_or_source, run_dir)
-    provenance.update(
-        kind="weights", format_version=FORMAT_VERSION, framework_version=framework_version()
-    )
-    tensors = {k: to_host(v) for k, v in state.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    store.write_record(path, tensors, provenance)
-    return path
+        return n.model.state_dict(), provenance, {"layout": model_layout(n.model, None)}
+    return _from_source(nitro_or_source, run_dir, call, target)
 
 
 def _from_source(
-    source: Any, run_dir: str | Path | None
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    source: Any, run_dir: str | Path | None, call: str, target: str
+) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
     src, resolved = resolve_in(
         source,
         run_dir,
-        "export_weights({src}, ...)",
-        "export_weights({src}, path, run_dir='runs/MyExp')",
+        call + "({src}, ...)",
+        call + "({src}, " + target + ", run_dir='runs/MyExp')",
     )
     run_dir = resolved.path.parent if run_dir is None else Path(run_dir)
     averaged_from: dict[str, Any] | None
@@ -84,13 +95,17 @@ def _from_source(
         record = read(resolved, WEIGHTS)  # the optimizer's bytes stay unread
         meta, state = record.meta, record.model_state()
         averaged_from = meta.get("averaged_from")
-    return state, {
-        "source_file": str(resolved.path),
-        "averaged_from": averaged_from,
-        "experiment": meta.get("experiment"),
-        "config": meta.get("config"),
-        "seed": meta.get("seed"),
-        "run": meta.get("run"),
-        "epoch": meta.get("epoch"),
-        "step": meta.get("step"),
-    }
+    return (
+        state,
+        {
+            "source_file": str(resolved.path),
+            "averaged_from": averaged_from,
+            "experiment": meta.get("experiment"),
+            "config": meta.get("config"),
+            "seed": meta.get("seed"),
+            "run": meta.get("run"),
+            "epoch": meta.get("epoch"),
+            "step": meta.get("step"),
+        },
+        meta,
+    )

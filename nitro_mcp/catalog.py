@@ -16,15 +16,15 @@ import os
 import re
 import stat
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError
 from nitro_core.export import export_weights
-from nitro_core.sources.grammar import PathSource, to_source
+from nitro_core.sources.grammar import PathSource, Source, to_source
 from nitro_core.store import manifest, metrics_log
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point
@@ -32,6 +32,9 @@ from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
 from nitro_mcp.replies import PAGE_BUDGET, REPLY_MAX
+
+if TYPE_CHECKING:
+    from nitro_core.experiment import Experiment
 
 MAX_DEPTH = 6  # directories below the one walked
 MAX_SCANNED = 20_000  # directory entries looked at in one walk
@@ -404,11 +407,39 @@ def _bounded(value: Any) -> Any:
 
 
 # -- nitro_export ----------------------------------------------------------------------------------
-def export(root: Path, source: str, path: str, run_dir: str | None) -> models.ExportResult:
-    """Write a checkpoint's weights (parameters and layer state) to a new file in the root."""
+_IN_PYTHON = (
+    "export format='weights' (its state dict), or write the directory in Python with "
+    "export_hf(source, out_dir, config=...)."
+)
+
+
+def _hf_fix() -> Any:
+    from nitro_core.hf_export import ConfigFix  # lazy: it imports torch
+
+    return ConfigFix(
+        unregistered="Start the server with --experiment-module naming the module that defines "
+        f"it (nitro_experiments lists the registered ones), or {_IN_PYTHON}",
+        not_transformers=f"nitro_export takes no config: {_IN_PYTHON}",
+    )
+
+
+@dataclass(frozen=True)
+class HFOptions:
+    """``nitro_export(..., format="hf")``: a Hugging Face directory's options."""
+
+    dtype: str | None = None
+    max_shard_size: str = "5GB"
+    experiments: Mapping[str, type[Experiment]] | None = None  # the server's registry
+
+
+def export(
+    root: Path, source: str, path: str, run_dir: str | None, hf: HFOptions | None = None
+) -> models.ExportResult:
+    """Write a checkpoint's weights (parameters and layer state) to a new file in the root,
+    or with ``hf`` to a new Hugging Face model directory."""
     target = inside_root(root, path, "path")
-    example = "e.g. path='exports/model.safetensors'"
-    if target.suffix != ".safetensors":
+    example = "e.g. path='exports/model-hf'" if hf else "e.g. path='exports/model.safetensors'"
+    if hf is None and target.suffix != ".safetensors":
         raise ConfigError(f"path={clip(path)} must name a .safetensors file, {example}.")
     blocker = file_in_the_way(target.parent)
     if blocker is not None:
@@ -425,7 +456,7 @@ def export(root: Path, source: str, path: str, run_dir: str | None) -> models.Ex
         base = directory_inside_root(root, run_dir, "run_dir") if run_dir else root
         candidates = [inside_root(root, str(b / src.path), "source") for b in (root, base)]
         found = next((p for p in candidates if p.exists()), candidates[-1])  # file or record dir
-        src, where = PathSource(str(found)), found.parent
+        src, where = replace(src, path=str(found)), found.parent  # an hf: directory stays one
     else:
         if run_dir is None:
             raise ConfigError(
@@ -438,6 +469,8 @@ def export(root: Path, source: str, path: str, run_dir: str | None) -> models.Ex
                 f"run_dir={clip(run_dir)} holds no manifest.json; nitro_runs(run_dir={clip(run_dir)}) "
                 "lists the run directories below it."
             )
+    if hf is not None:
+        return _export_hf(root, src, target, where, hf)
     written = export_weights(src, target, run_dir=where)
     meta = store.read_header(written)
     averaged = meta.get("averaged_from") or {}
@@ -451,4 +484,34 @@ def export(root: Path, source: str, path: str, run_dir: str | None) -> models.Ex
     )  # fmt: skip
 
 
-__all__ = ["compare", "export", "find_run_dirs", "holds_manifest", "run_dirs", "summarize"]
+def _export_hf(
+    root: Path, src: Source, target: Path, where: Path, options: HFOptions
+) -> models.ExportResult:
+    from nitro_core.hf_export import export_hf_using  # lazy: it imports torch
+
+    written = export_hf_using(
+        options.experiments, src, target, dtype=options.dtype,
+        max_shard_size=options.max_shard_size, run_dir=where, fix=_hf_fix(),
+    )  # fmt: skip
+    meta = json.loads((written / "nitro_provenance.json").read_text())
+    averaged = meta.get("averaged_from") or {}
+    size = sum(p.stat().st_size for p in written.iterdir())
+    return models.ExportResult(
+        path=shown(root, written), bytes=size,
+        source_file=shown(root, meta.get("source_file")), run=meta.get("run"),
+        epoch=meta.get("epoch"), step=meta.get("step"), experiment=meta.get("experiment"),
+        averaged_files=len(averaged.get("files", [])) or None,
+        next=f"AutoModelForCausalLM.from_pretrained({shown(root, written)!r}) loads it; "
+        f"weights='hf:{shown(root, written)}' starts a run from it.",
+    )  # fmt: skip
+
+
+__all__ = [
+    "HFOptions",
+    "compare",
+    "export",
+    "find_run_dirs",
+    "holds_manifest",
+    "run_dirs",
+    "summarize",
+]

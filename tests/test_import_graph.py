@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "nitro_core.verification",
     ),
     ("nitro_core.experiment", "nitro_core.training"),
-    ("nitro_core.examples", "nitro_core.registry"),
+    ("nitro_core.examples", "nitro_core.registry", "nitro_core.hf_export"),
     ("nitro_core.jobs",),
     ("nitro_core",),  # the package's lazy front door
     ("nitro_mcp",),

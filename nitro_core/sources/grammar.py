@@ -3,7 +3,9 @@
 The grammar (EBNF); whitespace is free between tokens, a symbol may carry a Julia-style
 leading colon (``:latest``), and a text of more than ``MAX_LENGTH`` characters is refused::
 
-    source    = pair | path
+    source    = hf | pair | path
+    hf        = "hf:" directory  (a Hugging Face model directory: config.json and
+                model.safetensors, or shards named by model.safetensors.index.json)
     pair      = run "=>" pick
     run       = "latest" | "all" | run_id | quoted_string
     pick      = "best" | "latest" | average
@@ -54,6 +56,7 @@ _EPOCH = f"an epoch number from 1 to {MAX_EPOCHS} (a run holds at most {MAX_EPOC
 _COUNT = f"a positive integer up to {MAX_COUNT} (the most records a selector picks)"
 _PERIOD = f"a period from 1 to {MAX_EPOCHS} epochs"
 PATH_SUFFIX = ".safetensors"
+HF_PREFIX = "hf:"  # a Hugging Face model directory
 DIRECTORY_SUFFIX = "/"  # a sharded record: a directory (never a file), named with a slash
 _KEYWORDS = {
     "latest",
@@ -143,6 +146,16 @@ class PathSource:
 
     def __str__(self) -> str:
         return self.path
+
+
+@dataclass(frozen=True)
+class HFDirectory(PathSource):
+    """``hf:<dir>``: a Hugging Face model directory (what ``save_pretrained`` or
+    ``export_hf`` wrote), read by tensor name. A path source, so every check that confines
+    a path applies to it too."""
+
+    def __str__(self) -> str:
+        return HF_PREFIX + self.path
 
 
 Source = Pair | PathSource
@@ -373,6 +386,8 @@ def parse_source(text: str) -> Source:
             "such as 'latest => best' or a record's path (a .safetensors file or a record directory)."
         )
     stripped = text.strip()
+    if stripped.startswith(HF_PREFIX):
+        return _hf_directory(text, stripped[len(HF_PREFIX) :].strip())
     if "=>" not in stripped and stripped.endswith((PATH_SUFFIX, DIRECTORY_SUFFIX)):
         return PathSource(stripped)
     if stripped.lstrip(":") in ("best", "latest"):
@@ -385,6 +400,17 @@ def parse_source(text: str) -> Source:
     if "=>" not in stripped and _PATH_WORD.fullmatch(stripped) and stripped not in _KEYWORDS:
         return PathSource(stripped)  # a record directory, when resolution finds one there
     return _Parser(text).source()
+
+
+def _hf_directory(text: str, directory: str) -> HFDirectory:
+    """``hf:<dir>``: any directory path, but none (``hf:``) or one holding ``=>``."""
+    if not directory or "=>" in directory:
+        found = "nothing after it" if not directory else "'=>' after it"
+        raise SourceSyntaxError(
+            f"Cannot parse source {text!r}: 'hf:' takes a Hugging Face model directory and "
+            f"found {found}. Write 'hf:' and the directory, e.g. 'hf:models/gpt2-tiny'."
+        )
+    return HFDirectory(directory)
 
 
 def parse_average(text: str) -> Average:

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nitro_core.errors import CheckpointNotFound, ConfigError, NitroWarning
+from nitro_core.errors import CheckpointerFix, CheckpointNotFound, ConfigError, NitroWarning, Part
 from nitro_core.policy import retention
 from nitro_core.policy.ranked import ranked
 from nitro_core.policy.retention import Pair as ScorePair
 from nitro_core.sources import selection
-from nitro_core.sources.grammar import Average, Pair, PathSource, Source, to_source
-from nitro_core.store import manifest, shards
+from nitro_core.sources.grammar import Average, HFDirectory, Pair, PathSource, Source, to_source
+from nitro_core.store import hf, manifest, shards
 from nitro_core.store.manifest import ManifestEntry, Point
 from nitro_core.store.recordio import TMP_SUFFIX
 
@@ -49,6 +49,8 @@ def resolve(
     """The file ``source`` names in ``run_dir``; ``pair`` is the (metric, mode) that ranks
     ``best`` (default: the pair of the pool's latest scored entry); ``points`` are the runs'
     histories an ``Average`` names points of (read from ``run_dir``'s manifest when None)."""
+    if isinstance(source, HFDirectory):
+        return resolve_hf(source, run_dir)
     if isinstance(source, PathSource):
         return _resolve_path(source, run_dir, entries)
     where = str(run_dir)
@@ -104,7 +106,7 @@ def resolve_average(
     pair = ranking_pair(pool, pair)
     chosen = selection.select(avg.selector, selection.history(points, pool), pool, pair)
     if chosen.shortfall or chosen.gone or not chosen.picked:
-        raise CheckpointNotFound(_refusal(source, run_dir, pool, chosen))
+        raise CheckpointNotFound(*_refusal(source, run_dir, pool, chosen))
     picked = list(chosen.picked)
     if avg.state == "best" or (avg.state is None and avg.selector.ranks):
         best = ranked([e for e in picked if e.pair == pair], pair[1])
@@ -116,15 +118,15 @@ def resolve_average(
 
 def _refusal(
     source: Pair, run_dir: Path, pool: list[ManifestEntry], chosen: selection.Selection
-) -> str:
+) -> tuple[Part, ...]:
     avg = source.pick
     assert isinstance(avg, Average)
     head = f"Cannot average {str(source)!r} in {str(run_dir)!r}: "
     kept = " ".join(selection.describe_points(pool))  # 'epochs 2, 4' or 'points epoch 3 ...'
     if chosen.shortfall:
-        return head + (
-            f"{chosen.shortfall} (run {pool[0].run} holds {kept}). Average fewer points, "
-            "or train the run further."
+        return (
+            f"{head}{chosen.shortfall} (run {pool[0].run} holds {kept}). Average fewer points, "
+            "or train the run further.",
         )
     recorded = pool[-1].keep  # the run's own keep, as its latest entry recorded it
     under = f" under keep={recorded}" if recorded else ""
@@ -136,10 +138,11 @@ def _refusal(
         p.batch is not None for p in chosen.named
     )
     gone = selection.describe_points(chosen.gone, by_place)[1]
-    return head + (
-        f"{avg.selector} names {named} of run {pool[0].run}, which kept {kept}"
-        f"{under}; it no longer holds {gone}. Keep them while training: "
-        f"Checkpointer(keep=({base}, {avg.selector.keep_for()}))."
+    return (
+        f"{head}{avg.selector} names {named} of run {pool[0].run}, which kept {kept}"
+        f"{under}; it no longer holds {gone}. Keep them while training: ",
+        CheckpointerFix(f"keep=({base}, {avg.selector.keep_for()})"),
+        ".",
     )
 
 
@@ -174,14 +177,17 @@ def pick_best(
         have = Counter(e.pair for e in scored)
         has = retention.describe_pairs(have) if have else f"only unscored entries x{len(pool)}"
         metric, mode = pair
-        hint = (
-            f"Write Checkpointer(metric={have.most_common(1)[0][0][0]!r}, mode={have.most_common(1)[0][0][1]!r}) or rank by {metric} in a new run."
+        (rank_metric, rank_mode), _ = have.most_common(1)[0] if have else ((None, None), 0)
+        hint: tuple[Part, ...] = (
+            ("Write ", CheckpointerFix(f"metric={rank_metric!r}, mode={rank_mode!r}"),
+             f" or rank by {metric} in a new run.")
             if have
-            else f"Write '{source.run} => latest', or keep a 'val' split so epochs are scored."
-        )
+            else (f"Write '{source.run} => latest', or keep a 'val' split so epochs are scored.",)
+        )  # fmt: skip
         raise CheckpointNotFound(
             f"No checkpoint matches {str(source)!r} in {where!r}: run {runs} has no entry scored "
-            f"by {metric} ({mode}); it has {has}. {hint}"
+            f"by {metric} ({mode}); it has {has}. ",
+            *hint,
         )
     others = Counter(e.pair for e in scored if e.pair != pair)
     if others:
@@ -253,6 +259,16 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
     listing = entries if home == run_dir.resolve() else manifest.read_manifest(home)
     entry = next((e for e in listing if e.file == path.name), None)
     return Resolved(source, path, entry)
+
+
+def resolve_hf(source: HFDirectory, run_dir: Path) -> Resolved:
+    """``hf:<dir>``: the directory as given (absolute, or relative to the working directory),
+    else relative to ``run_dir``; refused when it holds no safetensors weights."""
+    given = Path(source.path)
+    candidates = [given] if given.is_absolute() else [given, run_dir / given]
+    directory = next((p for p in candidates if p.is_dir()), candidates[0])
+    hf.weight_files(directory, str(source))  # refuses a directory without weights
+    return Resolved(source, directory, None)
 
 
 def _not_a_record(source: PathSource, directory: Path) -> str:

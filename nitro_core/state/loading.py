@@ -11,9 +11,11 @@ from typing import Any
 
 import torch
 
-from nitro_core.errors import ConfigError, NitroWarning
+from nitro_core.errors import ConfigError, NitroWarning, arg
+from nitro_core.sources.grammar import HFDirectory
 from nitro_core.sources.resolve import Resolved
 from nitro_core.state.records import Record
+from nitro_core.store import hf
 from nitro_core.store import recordio as store
 
 WEIGHTS = ("params", "buffers", "ema", "tensors")  # the sections a weights load reads
@@ -24,10 +26,41 @@ def read(resolved: Resolved, sections: Collection[str] | None = None) -> Record:
     for parameters, layer state and EMA, never the optimizer's bytes), made straight from
     the file in one pass: the header is checked against the manifest's digest when the
     record is listed, and each section read against the header's digest of it."""
+    if isinstance(resolved.source, HFDirectory):  # plain state-dict keys, read as an export
+        tensors, provenance = hf.read_dir(resolved.path, str(resolved.source))
+        return Record(meta=hf_meta(provenance), tensors=tensors)
     tensors, meta = store.read_record(
         resolved.path, resolved.entry.expected if resolved.entry else None, sections
     )
     return Record(meta=meta, tensors=tensors)
+
+
+def hf_meta(provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """The header a Hugging Face directory reads as: an export's (``kind="weights"``, no
+    layout), with the ``averaged_from`` and run its ``nitro_provenance.json`` names."""
+    return {
+        "kind": "weights",
+        "averaged_from": provenance.get("averaged_from"),
+        "run": provenance.get("run"),
+        "config": None,  # a transformers config is no experiment's: nothing to compare
+    }
+
+
+def tie_aliases(
+    model: torch.nn.Module, state: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """``state`` with each tied alias of ``model`` that it lacks (``lm_head.weight`` beside
+    ``transformer.wte.weight``: one parameter under two names) taken from the name it holds,
+    as transformers' ``save_pretrained`` leaves it out and ``from_pretrained`` ties it back."""
+    names: dict[int, list[str]] = {}
+    for key, t in model.state_dict(keep_vars=True).items():
+        names.setdefault(id(t), []).append(key)
+    out = dict(state)
+    for group in names.values():
+        held = next((k for k in group if k in out), None)
+        if held is not None:
+            out.update({k: out[held] for k in group if k not in out})
+    return out
 
 
 def load_model_state(
@@ -80,8 +113,10 @@ def check_fits(
             parts.append(f"it has {_names(extra)} that the model lacks")
         raise ConfigError(
             f"Checkpoint {origin!r} does not fit {owner}'s model: {' and '.join(parts)}. Build "
-            "the model the record was written with, or pass strict=False to load the leaves that "
-            "match by name (missing ones keep their fresh values, extra ones are dropped)."
+            "the model the record was written with, or pass ",
+            arg("strict", False),
+            " to load the leaves that match by name (missing ones keep their fresh values, extra "
+            "ones are dropped).",
         )
     return missing, extra
 
@@ -94,10 +129,11 @@ def fresh_schedule(optimizer: torch.optim.Optimizer, recorded: dict[str, Any]) -
     groups = recorded["param_groups"]
     if [len(g["params"]) for g in groups] != [len(g["params"]) for g in fresh]:
         raise ConfigError(
-            "restore_optimizer=True: the record's optimizer groups hold "
+            arg("restore_optimizer", True),
+            ": the record's optimizer groups hold "
             f"{[len(g['params']) for g in groups]} parameters, this optimizer's "
             f"{[len(g['params']) for g in fresh]}. Build the optimizer with the same groups, or "
-            "drop restore_optimizer."
+            "drop restore_optimizer.",
         )
     merged = [{**f, "params": g["params"]} for f, g in zip(fresh, groups)]
     return {"state": recorded["state"], "param_groups": merged}

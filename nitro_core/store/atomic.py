@@ -27,6 +27,7 @@ Finalizers, one class each:
   checked to be the file at that name, and unlinked before its lock drops.
 - :class:`PublishDirectory`: ``rename`` of a record directory whose files other processes
   wrote and fsynced into ``<name>.tmp/``; the commit writes its last file (``header.json``).
+  With ``new=True`` (a Hugging Face export) the name must be new, as for :class:`PublishNew`.
 
 A target on object storage (DESIGN section 14) is one more subclass of :class:`Target`: its
 ``commit`` streams the bytes and finalizes with one conditional PUT (``If-None-Match: *``
@@ -234,11 +235,16 @@ class PublishDirectory(_LocalTarget):
     """Rename a record directory into place: other processes wrote (and fsynced) their files
     into ``tmp``; the commit writes its ``last`` file (``header.json``), fsyncs the
     directory's entries, renames it to :attr:`path`. Nothing is removed when it fails: the
-    next write under the name clears the ``.tmp`` directory, which no reader loads."""
+    next write under the name clears the ``.tmp`` directory, which no reader loads.
 
-    def __init__(self, path: Path, tmp: Path, last: str) -> None:
+    ``new=True`` (an ``export_hf`` directory): the name must not exist. It is checked before
+    the rename, and the rename itself fails over a directory that holds anything, so of two
+    writers of one name only the first publishes; the caller removes its ``tmp``."""
+
+    def __init__(self, path: Path, tmp: Path, last: str, new: bool = False) -> None:
         super().__init__(path, tmp)
         self.last = last
+        self.new = new
 
     def _open(self) -> int:
         return safeio.open_nofollow(self.tmp / self.last, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -247,7 +253,14 @@ class PublishDirectory(_LocalTarget):
         safeio.fsync_dir(self.tmp)  # its entries are durable before it is renamed
 
     def _publish(self) -> None:
-        os.rename(self.tmp, self.path)
+        if self.new and os.path.lexists(self.path):
+            raise _exists(self.path)
+        try:
+            os.rename(self.tmp, self.path)
+        except OSError:  # ENOTEMPTY or EEXIST: another writer published it first
+            if self.new and os.path.isdir(self.path):
+                raise _exists(self.path) from None
+            raise
 
 
 def _full(exc: BaseException) -> bool:

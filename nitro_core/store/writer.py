@@ -32,6 +32,7 @@ from nitro_core.errors import RecordError
 from nitro_core.store import digest
 
 META_KEY = "nitro"
+FORMAT_KEY, FORMAT_PT = "format", "pt"  # what transformers' load_state_dict checks
 _CHUNK = 8 * 1024 * 1024
 
 DTYPES: dict[torch.dtype, str] = {
@@ -101,7 +102,10 @@ class Layout:
         )
         # the integrity block first: its header digest at a fixed offset (digest.HEADER_SLOT)
         meta = {digest.KEY: block, **{k: v for k, v in self.meta.items() if k != digest.KEY}}
-        header = {"__metadata__": {META_KEY: json.dumps(meta, separators=(",", ":"))}}
+        # "format": "pt" beside it, as torch's safetensors files carry (transformers 4.x
+        # refuses a file without it); after ``nitro``, so the header digest keeps its slot
+        nitro = json.dumps(meta, separators=(",", ":"))
+        header = {"__metadata__": {META_KEY: nitro, FORMAT_KEY: FORMAT_PT}}
         head = json.dumps({**header, **self.entries}, separators=(",", ":")).encode()
         head += b" " * (-len(head) % 8)
         return digest.seal(struct.pack("<Q", len(head)) + head)

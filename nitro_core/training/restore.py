@@ -17,15 +17,17 @@ import torch
 
 from nitro_core.averaging import average
 from nitro_core.errors import (
+    WEIGHTS_ONLY,
     CheckpointNotFound,
     ConfigError,
     NitroWarning,
     ResumeRefused,
     TrainingRefused,
+    arg,
 )
 from nitro_core.experiment import Experiment, config_diff
 from nitro_core.policy.selectors import Checkpointer
-from nitro_core.sources.grammar import Average, Pair, RunRef, Source
+from nitro_core.sources.grammar import Average, HFDirectory, Pair, RunRef, Source
 from nitro_core.sources.resolve import Resolved, pick_best, resolve
 from nitro_core.sources.selection import check_keep_holds
 from nitro_core.state import ranks, records, rng
@@ -36,6 +38,7 @@ from nitro_core.state.loading import (
     fresh_schedule,
     load_model_state,
     read,
+    tie_aliases,
 )
 from nitro_core.store import manifest, shards
 from nitro_core.store.manifest import ManifestEntry
@@ -156,7 +159,9 @@ def _check_anchor(n: Restorable, point: ResumePoint) -> None:
         raise ResumeRefused(
             f"Cannot resume {point.file!r}: it was trained with decay_anchor() == {recorded!r}, "
             f"the experiment now returns {current!r}. Return {recorded!r} from decay_anchor() to "
-            "resume, or start a new run that takes only the weights: Nitro(exp, weights=...)."
+            "resume, or start a new run that takes only the weights: ",
+            WEIGHTS_ONLY,
+            ".",
         )
     if current != "w0":
         return
@@ -167,7 +172,9 @@ def _check_anchor(n: Restorable, point: ResumePoint) -> None:
             f"{str(point.meta.get('w0_checksum'))[:12]}..., but build_model() with seed {n.seed} "
             f"now builds initial weights with checksum {n.anchor.checksum[:12]}..., so decay "
             "would pull toward other weights. Restore the initialization the record was trained "
-            "with, or start a new run that takes only the weights: Nitro(exp, weights=...)."
+            "with, or start a new run that takes only the weights: ",
+            WEIGHTS_ONLY,
+            ".",
         )
 
 
@@ -184,9 +191,12 @@ def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
     state = rec.ema_state() if opts.load_ema else rec.model_state()
     if state is None:
         raise ConfigError(
-            f"load_ema=True, but {str(resolved.path)!r} keeps no EMA (its experiment's ema() "
-            "returned None). Drop load_ema to load its parameters."
+            arg("load_ema", True),
+            f", but {str(resolved.path)!r} keeps no EMA (its experiment's ema() returned "
+            "None). Drop load_ema to load its parameters.",
         )
+    if isinstance(source, HFDirectory):  # tied aliases are saved once: tie them back
+        state = tie_aliases(n.model, state)
     load_model_state(
         n.model, fsdp_state.placed(n.model, state), opts.strict, str(resolved.path), name
     )
@@ -195,18 +205,19 @@ def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
     if opts.restore_optimizer:
         if rec.meta.get("optimizer") is None:  # an export or an average: weights only
             raise ConfigError(
-                f"restore_optimizer=True, but {str(resolved.path)!r} holds weights only (an "
-                "export or an average), no optimizer state. Drop restore_optimizer to load its "
-                "weights with a fresh optimizer."
+                arg("restore_optimizer", True),
+                f", but {str(resolved.path)!r} holds weights only (an export or an average), no "
+                "optimizer state. Drop restore_optimizer to load its weights with a fresh "
+                "optimizer.",
             )
         recorded = rec.meta["layout"]["groups"]
         current = records.model_layout(n.model, n.optimizer)["groups"]
         if recorded != current:
             raise ConfigError(
-                f"restore_optimizer=True: the optimizer groups of {str(resolved.path)!r} "
-                f"({recorded}) differ from this optimizer's ({current}); the state would land on "
-                "the wrong parameters. Build the optimizer with the same groups, or drop "
-                "restore_optimizer."
+                arg("restore_optimizer", True),
+                f": the optimizer groups of {str(resolved.path)!r} ({recorded}) differ from this "
+                f"optimizer's ({current}); the state would land on the wrong parameters. Build "
+                "the optimizer with the same groups, or drop restore_optimizer.",
             )
         state = fresh_schedule(n.optimizer, rec.tree("optimizer"))
         if n.dist.strategy == "fsdp":  # each rank takes its pieces of every moment
