@@ -21,8 +21,8 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from nitro_core._version import __version__
-from nitro_core.errors import NitroError
-from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
+from nitro_core.errors import ConfigError, NitroError
+from nitro_core.jobs.call_models import AverageCall, SlurmOptions, TrainCall, ValidateCall
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -42,6 +42,7 @@ EXAMPLES = {
     "manifest": "nitro manifest runs/Classifier",
     "info": "nitro info runs/Classifier/epoch-0003-step-36-acc=0.8125.safetensors",
     "verify": "nitro verify runs/Classifier",
+    "export": 'nitro export "latest => Average(Last(3))" exports/model-hf --run-dir runs/HFCausalLM --format hf',
     "schemas": "nitro schemas --out schemas",
 }
 
@@ -85,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--import-timeout", type=float, default=30.0, metavar="SECONDS",
                        help="the longest an --experiment-module may take to import before it is "
                        "listed as failed (default: %(default)s)")  # fmt: skip
+
+    serve.add_argument("--executor", choices=("local", "slurm"), default="local",
+                       help="what runs a nitro_train that names none: worker processes here, "
+                       "or sbatch on a Slurm cluster (default: %(default)s)")  # fmt: skip
+    serve.add_argument("--slurm-partition", help="with --executor slurm: the default partition")
+    serve.add_argument("--slurm-account", help="with --executor slurm: the default account")
 
     demo = sub.add_parser("demo", help="start the server and drive it over stdio as an agent would")
     demo.add_argument("--root", default=".", help="where runs/ and .nitro/ go (default: .)")
@@ -130,6 +137,18 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument(
         "--full", action="store_true", help="include RNG, optimizer, layout and history"
     )
+    export = sub.add_parser(
+        "export", help="write a checkpoint's weights to a file, or an HF directory"
+    )
+    export.add_argument("source", help="'latest => best', another source, or a record's path")
+    export.add_argument("out", help="a new .safetensors file, or with --format hf a new directory")
+    export.add_argument("--run-dir", help="the source's run directory, e.g. runs/Classifier")
+    export.add_argument("--format", choices=("weights", "hf"), default="weights",
+                        help="hf: config.json and model.safetensors (default: %(default)s)")  # fmt: skip
+    export.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                        help="--format hf: cast floating weights to this dtype")  # fmt: skip
+    export.add_argument("--max-shard-size", default="5GB",
+                        help="--format hf: the largest shard (default: %(default)s)")  # fmt: skip
     verify = sub.add_parser(
         "verify", help="check every byte of a record, or of a run directory's records"
     )
@@ -213,12 +232,20 @@ def _serve(args: argparse.Namespace) -> int:
     server = build_server(
         Path(args.root), max_jobs=args.max_jobs, experiment_modules=tuple(args.experiment_module),
         max_eval_jobs=args.max_eval_jobs, import_timeout_s=args.import_timeout,
+        executor=args.executor, slurm_options=_slurm_options(args),
     )  # fmt: skip
     if args.http:
         serve_http(server, args.port, args.token)
     else:
         serve_stdio(server)
     return 0
+
+
+def _slurm_options(args: argparse.Namespace) -> SlurmOptions | None:
+    """``--slurm-partition`` and ``--slurm-account`` as a call's default Slurm options."""
+    if args.slurm_partition is None and args.slurm_account is None:
+        return None
+    return SlurmOptions(partition=args.slurm_partition, account=args.slurm_account)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -251,10 +278,19 @@ def _train(args: argparse.Namespace) -> int:
     from nitro_core import Nitro  # lazy
 
     try:
-        call = _call(TrainCall, args, experiment=args.experiment, run_dir=args.run_dir)
+        slurm = json.loads(args.slurm) if isinstance(args.slurm, str) else args.slurm
+        call = _call(TrainCall, args, experiment=args.experiment, run_dir=args.run_dir, slurm=slurm)
+    except json.JSONDecodeError as exc:
+        print(f"nitro train: --slurm {args.slurm!r} is not JSON ({exc.msg}); write e.g. "
+              """--slurm '{"partition": "debug"}'.""", file=sys.stderr)  # fmt: skip
+        return 2
     except ValidationError as exc:
         print(f"nitro train: {_cli_errors(exc)}", file=sys.stderr)
         return 2
+    if call.executor == "slurm":  # submitted to the cluster and followed from here
+        from nitro_mcp.cluster_cli import train_on_cluster  # lazy: the gate imports torch
+
+        return train_on_cluster(call, args)
     if call.nproc > 1 and "RANK" not in os.environ:  # no more ranks than GPUs, or than CPUs
         from nitro_core.jobs.ranks import process_limit  # lazy: it imports torch
 
@@ -408,6 +444,27 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    if args.format == "hf":
+        from nitro_core.hf_export import export_hf  # lazy
+
+        out = export_hf(
+            args.source, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size,
+            run_dir=args.run_dir,
+        )  # fmt: skip
+        print(json.dumps({"path": str(out), "format": "hf", "files": sorted(p.name for p in out.iterdir())}, indent=2))  # fmt: skip
+        return 0
+    if args.dtype is not None or args.max_shard_size != "5GB":
+        raise ConfigError(
+            "--dtype and --max-shard-size are options of --format hf; add --format hf or drop them."
+        )
+    from nitro_core import export_weights  # lazy
+
+    written = export_weights(args.source, args.out, run_dir=args.run_dir)
+    print(json.dumps({"path": str(written), "format": "weights"}, indent=2))
+    return 0
+
+
 def _schemas(args: argparse.Namespace) -> int:
     from nitro_mcp.schemas import write  # lazy
 
@@ -441,6 +498,7 @@ _COMMANDS = {
     "manifest": _manifest,
     "info": _info,
     "verify": _verify,
+    "export": _export,
     "schemas": _schemas,
 }
 

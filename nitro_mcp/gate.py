@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,9 @@ import anyio
 from nitro_core.errors import ConfigError, NitroError
 from nitro_core.experiment import Experiment
 from nitro_core.info import checkpoint_info
-from nitro_core.jobs import JobManager, JobStatus
-from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
-from nitro_core.jobs.calls import after_end, arguments, train_arguments
+from nitro_core.jobs import JobManager, JobStatus, slurm
+from nitro_core.jobs.call_models import AverageCall, SlurmOptions, TrainCall, ValidateCall
+from nitro_core.jobs.calls import arguments, train_arguments
 from nitro_core.jobs.files import TERMINAL, JobSpec, job_dir, log_tail
 from nitro_core.jobs.ranks import process_limit
 from nitro_core.policy import retention
@@ -40,9 +41,10 @@ from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.experiments import IMPORT_TIMEOUT_S, ExperimentModules
 from nitro_mcp.experiments import listing as experiments_listing
 from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
-from nitro_mcp.phrasing import job_error
 from nitro_mcp.record_fit import check_record_fits, refuse_non_record
+from nitro_mcp.refusals import job_error
 from nitro_mcp.replies import fit, shrink
+from nitro_mcp.tool_calls import after_end, after_failure
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
 POLL = 0.2
@@ -63,6 +65,8 @@ class Gate:
         experiment_modules: tuple[str, ...] = (),
         max_eval_jobs: int = 2,
         import_timeout_s: float = IMPORT_TIMEOUT_S,
+        executor: str = "local",
+        slurm_options: SlurmOptions | None = None,
     ) -> None:
         self.root = Path(root).resolve()
         self._experiments = ExperimentModules(
@@ -72,6 +76,8 @@ class Gate:
         self._registry = self._experiments.registry()
         self.jobs = JobManager(self.root, max_jobs=max_jobs, max_eval_jobs=max_eval_jobs)
         self._splits: dict[str, list[str] | None] = {}
+        self.executor = executor  # a call's default executor (nitro serve --executor)
+        self.slurm_options = slurm_options  # a slurm call's default options (--slurm-partition)
 
     @property
     def registry(self) -> Registry:
@@ -121,7 +127,7 @@ class Gate:
             for base in (self.root, run_dir)
         ]
         found = next((p for p in candidates if p.exists()), candidates[0])  # a file or record dir
-        return PathSource(str(found))
+        return replace(source, path=str(found))  # an hf: directory stays one
 
     def _check_source(self, source: Source, run_dir: Path, keyword: str) -> Path:
         """Resolve a source against the manifest now, so a call that can never succeed is
@@ -171,7 +177,11 @@ class Gate:
             check_keep_holds(exp.checkpointer(), opts.restore_best, exp.max_epochs)
         _check_seed(call.seed)
         _check_device(call.device)
-        _check_process_limit(call.nproc, call.device)
+        call = self._executor(call)
+        if call.executor == "slurm":  # the cluster's nodes, not this machine, bound it
+            slurm.check_submittable(call)
+        else:
+            _check_process_limit(call.nproc, call.device)
         after = busy.job_id if busy is not None else None
         status = self.jobs.submit(call, after=after, experiment_modules=self.modules)
         behind = f"It starts when job {busy.job_id} ends. " if busy is not None else ""
@@ -181,6 +191,21 @@ class Gate:
             2.0,
             f"{behind}Follow it with {following.follow_call(status.job_id)}.",
         )
+
+    def _executor(self, call: TrainCall) -> TrainCall:
+        """The call with the server's default executor and Slurm options filled in; a
+        cluster-only option on a local call is refused."""
+        executor = call.executor or self.executor
+        if executor == "local" and (call.nodes > 1 or call.slurm is not None):
+            raise ConfigError(
+                f"{'nodes=' + str(call.nodes) if call.nodes > 1 else 'slurm='} runs on a "
+                "cluster: send executor='slurm' with it (nitro serve --executor slurm makes it "
+                "the default), or leave it out to train on this machine."
+            )
+        if executor == "local":  # as sent: a local job's spec and hints name no executor
+            return call
+        options = call.slurm if call.slurm is not None else self.slurm_options
+        return call.model_copy(update={"executor": executor, "slurm": options})
 
     # -- nitro_validate -----------------------------------------------------------------------------
     async def validate(
@@ -373,8 +398,20 @@ class Gate:
     ) -> models.DeleteResult:
         return deletion.delete(self.root, self.jobs, run_dir, run, files, dry_run)
 
-    def export(self, source: str, path: str, run_dir: str | None) -> models.ExportResult:
-        return catalog.export(self.root, source, path, run_dir)
+    def export(
+        self, source: str, path: str, run_dir: str | None, format: str = "weights",
+        dtype: str | None = None, max_shard_size: str = "5GB",
+    ) -> models.ExportResult:  # fmt: skip
+        if format != "hf" and (dtype is not None or max_shard_size != "5GB"):
+            raise ConfigError(
+                "dtype and max_shard_size are options of format='hf'; write "
+                f"nitro_export(source={clip(source)}, path={clip(path)}, format='hf', ...) or "
+                "drop them."
+            )
+        options = (
+            catalog.HFOptions(dtype, max_shard_size, self.registry) if format == "hf" else None
+        )
+        return catalog.export(self.root, source, path, run_dir, options)
 
     def manifest_page(self, run_dir: str, limit: int, cursor: str | None) -> models.ManifestPage:
         where = self._existing_dir(run_dir)
@@ -487,8 +524,11 @@ class Gate:
         return status
 
     def _hint(self, status: JobStatus, spec: JobSpec | None = None) -> str | None:
-        """After lost or stopped, the complete call that continues or repeats the job (a
-        failed job's worker wrote one already)."""
+        """After lost, stopped or failed, the complete call that continues or repeats the
+        job (a failure as its worker classified it; a job without one keeps its own hint)."""
+        if status.state == "failed" and status.failure is not None:
+            spec = spec or self.jobs.spec(status.job_id)
+            return after_failure(spec, self.root, status.failure, status.recorded_run)
         if status.state not in ("lost", "stopped"):
             return status.hint
         spec = spec or self.jobs.spec(status.job_id)
@@ -520,7 +560,16 @@ class Gate:
             last_loss=status.last_loss, last_val=status.last_val,
             kept=kept, error=job_error(status), hint=hint, result=status.result, elapsed_s=_elapsed(status),
             log_tail=log_tail(job_dir(self.root, status.job_id), LOG_TAIL), next=_next(status, hint),
+            cluster=_cluster(status),
         )  # fmt: skip
+
+
+def _cluster(status: JobStatus) -> dict[str, Any] | None:
+    """A cluster job's Slurm id and the scheduler's last word on it."""
+    if status.executor == "local":
+        return None
+    engine = status.engine.model_dump() if status.engine is not None else None
+    return {"executor": status.executor, "slurm_id": status.slurm_id, "engine": engine}
 
 
 def _check_seed(seed: int | None) -> None:

@@ -84,6 +84,11 @@ class JobStatusResult(_Model):
     result: dict[str, Any] | None = None
     elapsed_s: float | None = None
     log_tail: str | None = Field(default=None, description="The end of the worker's log.")
+    cluster: dict[str, Any] | None = Field(
+        default=None,
+        description="executor='slurm': the Slurm job id and what the scheduler last said "
+        "(state, source: sacct, or squeue/scontrol without accounting, at, nodes).",
+    )
 
     @model_serializer(mode="wrap")
     def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

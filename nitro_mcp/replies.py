@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,7 +37,7 @@ from nitro_mcp.arguments import argument_errors
 
 REPLY_MAX = 8_000  # characters of a default reply's text
 PAGE_BUDGET = 6_000  # characters a page's items may take, leaving room for the rest
-LISTING_MAX = 23_500  # characters of the whole tool listing, compact JSON, output schemas included
+LISTING_MAX = 20_500  # characters of the whole tool listing, compact JSON, output schemas included
 
 
 def compact(result: Any) -> Any:
@@ -187,9 +188,22 @@ class ListingSchema(GenerateJsonSchema):
     def field_title_should_be_set(self, schema: Any) -> bool:
         return False
 
+    def generate(self, schema: Any, mode: Any = "validation") -> JsonSchemaValue:
+        """pydantic's schema, with each definition that one place refers to written in that
+        place (as pydantic does for the top-level model); a definition referred to twice or
+        more, or by itself, stays shared in ``$defs``."""
+        out = super().generate(schema, mode)
+        defs = out.pop("$defs", {})
+        counts = Counter(_refs(out) + [r for d in defs.values() for r in _refs(d)])
+        once = {name for name in defs if counts[name] == 1 and name not in _refs(defs[name])}
+        out = _inline(out, defs, once)
+        kept = {name: _inline(d, defs, once) for name, d in defs.items() if name not in once}
+        return {**out, "$defs": kept} if kept else out
+
     def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
         out = super().model_schema(schema)
         out.pop("title", None)
+        out.pop("description", None)  # a class's docstring; the field naming it says enough
         if out.get("additionalProperties") is False:
             del out["additionalProperties"]
         return out
@@ -228,11 +242,47 @@ class ListingSchema(GenerateJsonSchema):
         return {"anyOf": [inner, {"type": "null"}]}
 
 
+_REF = "#/$defs/"
+
+
+def _refs(schema: Any) -> list[str]:
+    """The names of the definitions ``schema`` refers to, once per reference."""
+    if isinstance(schema, dict):
+        here = [schema["$ref"].removeprefix(_REF)] if isinstance(schema.get("$ref"), str) else []
+        return here + [r for v in schema.values() for r in _refs(v)]
+    if isinstance(schema, list):
+        return [r for v in schema for r in _refs(v)]
+    return []
+
+
+def _inline(schema: Any, defs: dict[str, Any], once: set[str]) -> Any:
+    """``schema`` with each reference to a definition in ``once`` replaced by the definition
+    (``X | None`` of one: the object with ``"null"`` among its types)."""
+    if isinstance(schema, list):
+        return [_inline(v, defs, once) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.removeprefix(_REF) in once:  # beside it: a description
+        siblings = {k: v for k, v in schema.items() if k != "$ref"}
+        return {**_inline(defs[ref.removeprefix(_REF)], defs, once), **siblings}
+    choices = schema.get("anyOf")
+    if isinstance(choices, list) and len(schema) == 1 and {"type": "null"} in choices:
+        inner = [_inline(c, defs, once) for c in choices if c != {"type": "null"}]
+        if len(inner) == 1 and inner[0].get("type") == "object":
+            return {**inner[0], "type": ["object", "null"]}
+    return {k: _inline(v, defs, once) for k, v in schema.items()}
+
+
 class OutputListingSchema(ListingSchema):
     """The output schemas of the tool listing: the replies' structure (every field, its
-    type, null where a reply may hold null, enums, what is always present), without the
-    descriptions and defaults (the tool's description and ``schemas/`` say what each field
-    means)."""
+    type, null where a reply may hold null, enums), without the descriptions and defaults
+    (the tool's description and ``schemas/`` say what each field means) and without
+    ``required``: a reply holds every field of its model (null where its type allows), so the
+    list would name them all again."""
+
+    def field_is_required(self, field: Any, total: bool) -> bool:
+        return False
 
     def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
         return self.generate_inner(schema["schema"])  # a reply's field has no default; null stays
@@ -244,11 +294,6 @@ class OutputListingSchema(ListingSchema):
 
     def str_schema(self, schema: core_schema.StringSchema) -> JsonSchemaValue:
         return {"type": "string"}
-
-    def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
-        out = super().model_schema(schema)
-        out.pop("description", None)
-        return out
 
     def model_fields_schema(self, schema: core_schema.ModelFieldsSchema) -> JsonSchemaValue:
         out = super().model_fields_schema(schema)

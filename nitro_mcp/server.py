@@ -24,13 +24,13 @@ from pydantic import BaseModel, Field, StrictBool
 
 from nitro_core import __version__
 from nitro_core.errors import NitroError
-from nitro_core.jobs.call_models import AverageCall, Refusal, TrainCall, ValidateCall
+from nitro_core.jobs.call_models import AverageCall, Refusal, SlurmOptions, TrainCall, ValidateCall
 from nitro_mcp import models, observe
 from nitro_mcp.arguments import arguments_model, flat, signature_model
 from nitro_mcp.echo import clip
 from nitro_mcp.experiments import IMPORT_TIMEOUT_S
 from nitro_mcp.gate import Gate
-from nitro_mcp.phrasing import for_tool
+from nitro_mcp.refusals import for_tool
 from nitro_mcp.replies import NitroServer, compact
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def _wait(most: int, what: str, default: float) -> Any:
     return (
         Annotated[
             float,
-            Field(ge=0, le=most, description=f"Seconds to wait for {what}, 0 to {most}."),
+            Field(ge=0, le=most, description=f"Seconds to wait for {what}."),
             Refusal(f"wait_s={{value}} is out of range; give 0 to {most} seconds."),
         ],
         default,
@@ -62,15 +62,9 @@ def _limit_refusal(most: int) -> Refusal:
     return Refusal(f"limit={{value}} is out of range; give 1 to {most}.")
 
 
-JobsLimit = Annotated[
-    int, Field(ge=1, le=100, description="Jobs per page, 1 to 100."), _limit_refusal(100)
-]
-RunsLimit = Annotated[
-    int, Field(ge=1, le=100, description="Run directories per page, 1 to 100."), _limit_refusal(100)
-]
-EntriesLimit = Annotated[
-    int, Field(ge=1, le=200, description="Entries per page, 1 to 200."), _limit_refusal(200)
-]
+JobsLimit = Annotated[int, Field(ge=1, le=100, description="Per page."), _limit_refusal(100)]
+RunsLimit = Annotated[int, Field(ge=1, le=100, description="Per page."), _limit_refusal(100)]
+EntriesLimit = Annotated[int, Field(ge=1, le=200, description="Per page."), _limit_refusal(200)]
 
 
 TrainArguments = arguments_model(
@@ -83,7 +77,7 @@ ValidateArguments = arguments_model(
     "nitro_validate", ValidateCall, wait_s=_wait(60, "the metrics", 20)
 )
 AverageArguments = arguments_model("average", AverageCall, wait_s=_wait(60, "the result", 20))
-Cursor = Annotated[str | None, Field(description="next_cursor of the previous page.")]
+Cursor = Annotated[str | None, Field(description="A next_cursor.")]
 
 
 def _call(model: type[C], arguments: BaseModel) -> C:
@@ -115,7 +109,7 @@ def _tool_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 result = await result
             return compact(result)  # compact JSON text beside the structured content
         except NitroError as exc:  # what to send instead, written as this tool's arguments
-            raise ToolError(for_tool(str(exc), fn.__name__)) from exc
+            raise ToolError(for_tool(exc, fn.__name__)) from exc
         except OSError as exc:  # the file system refused something the checks let through
             where = f" at {clip(exc.filename)}" if exc.filename else ""
             raise ToolError(
@@ -173,6 +167,8 @@ def build_server(
     experiment_modules: tuple[str, ...] = (),
     max_eval_jobs: int = 2,
     import_timeout_s: float = IMPORT_TIMEOUT_S,
+    executor: str = "local",
+    slurm_options: SlurmOptions | None = None,
 ) -> MCPServer:
     """The Nitro MCP server over ``root``: every path resolves inside it. ``max_jobs``
     trainings and, in slots of their own, ``max_eval_jobs`` validations and averages run at
@@ -180,48 +176,43 @@ def build_server(
     gate = Gate(
         Path(root), max_jobs=max_jobs, experiment_modules=tuple(experiment_modules),
         max_eval_jobs=max_eval_jobs, import_timeout_s=import_timeout_s,
+        executor=executor, slurm_options=slurm_options,
     )  # fmt: skip
     server = NitroServer(  # its tool listing is trimmed for agents
         "nitro", instructions=INSTRUCTIONS, version=__version__, lifespan=_watch_queue(gate)
     )
 
-    @_tool(server, "Start training an experiment as a background job and return at once with its "
-           "job_id (state queued or running). Next: nitro_status(job_id, wait_s=25, until='end', brief=true).",
+    @_tool(server, "Start training as a background job; returns its job_id at once. Next: "
+           "nitro_status(job_id, wait_s=25, until='end', brief=true).",
            TrainArguments)  # fmt: skip
     async def nitro_train(arguments: Any, ctx: Context | None) -> models.JobHandle:
         return await _off_loop(gate.train, _call(TrainCall, arguments), arguments.after_running)
 
-    @_tool(server, "Evaluate a checkpoint on a split. Returns the metrics when the job ends within "
-           "wait_s, otherwise the job_id to follow with nitro_status.", ValidateArguments)  # fmt: skip
+    @_tool(server, "Evaluate a checkpoint on a split: its metrics if the job ends within wait_s, "
+           "else the job_id for nitro_status.", ValidateArguments)  # fmt: skip
     async def nitro_validate(arguments: Any, ctx: Context | None) -> models.ValidateResult:
         call = _call(ValidateCall, arguments)
         return await gate.validate(call, arguments.wait_s, _progress(ctx))
 
-    @_tool(server, "Average checkpoints of one run (uniform, streamed in float64). Returns "
-           "averaged_from, the saved path when save is given, and metrics when validate=true.",
+    @_tool(server, "Average checkpoints of one run (uniform, float64, streamed); save and "
+           "validate the average if asked.",
            AverageArguments)  # fmt: skip
     async def average(arguments: Any, ctx: Context | None) -> models.AverageResult:
         call = _call(AverageCall, arguments)
         return await gate.average(call, arguments.wait_s, _progress(ctx))
 
-    @_tool(server, "A job's state, progress inside the epoch, last metrics, kept checkpoints and log "
-                 "tail. wait_s long-polls with progress notifications; to follow a job cheaply: "
-                 "wait_s=25, until='end', brief=true.")  # fmt: skip
+    @_tool(server, "A job's state, progress, last metrics, kept checkpoints and log tail; wait_s "
+                 "long-polls (to follow a job: wait_s=25, until='end', brief=true).")  # fmt: skip
     async def nitro_status(
-        job_id: Annotated[
-            str, Field(description="The job_id nitro_train, nitro_validate or average returned.")
-        ],
+        job_id: Annotated[str, Field(description="From nitro_train, nitro_validate or average.")],
         wait_s: Annotated[
             float,
-            Field(ge=0, le=25, description="Long-poll up to this many seconds, 0 to 25."),
+            Field(ge=0, le=25, description="Long-poll seconds."),
             Refusal("wait_s={value} is out of range; give 0 to 25 seconds."),
         ] = 0,
         until: Annotated[
             Literal["change", "end"],
-            Field(
-                description="'change': return at the next epoch end too; 'end': only when the "
-                "job ends (or wait_s passes)."
-            ),
+            Field(description="change: also at an epoch's end; end: only at the job's end."),
             Refusal(
                 "until={value} is not a way to wait; write until='end' (return when the job "
                 "ends or wait_s passes) or until='change' (also at each epoch's end)."
@@ -235,56 +226,52 @@ def build_server(
     ) -> models.JobStatusResult:
         return await gate.status(job_id, wait_s, _progress(ctx), until, brief)
 
-    @_tool(server, "List jobs, newest first, including those started before this server restarted. "
-                 "Paginated: pass next_cursor back as cursor.")  # fmt: skip
+    @_tool(server, "Jobs, newest first, also those from before a server restart; pass next_cursor "
+                 "back as cursor.")  # fmt: skip
     async def nitro_jobs(
         state: Annotated[Literal["queued", "running", "succeeded", "failed", "stopped", "lost"] | None,
                          Field(description="Only jobs in this state.")] = None,
         limit: JobsLimit = 20,
         cursor: Cursor = None,
         prune_older_than_h: Annotated[float | None, Field(
-            description="Remove jobs that ended over this many hours ago.")] = None,
+            description="Remove jobs ended over this many hours ago.")] = None,
         dry_run: Annotated[StrictBool, Field(description="false: prune for real.")] = True,
     ) -> models.JobsPage:  # fmt: skip
         return await _off_loop(gate.list_jobs, state, limit, cursor, prune_older_than_h, dry_run)
 
-    @_tool(server, "Stop a job. Graceful by default: the epoch finishes, validates and checkpoints "
-                 "(stop_reason 'requested'). force=true kills it now; the run stays resumable with resume='auto'.")  # fmt: skip
+    @_tool(server, "Stop a job after its epoch (validated, checkpointed); force=true kills it now. "
+                 "resume='auto' continues the run.")  # fmt: skip
     async def nitro_stop(
         job_id: Annotated[str, Field(description="The job to stop.")],
-        force: Annotated[
-            StrictBool, Field(description="Kill at once instead of stopping after the epoch.")
-        ] = False,
+        force: Annotated[StrictBool, Field(description="Kill now, not after the epoch.")] = False,
     ) -> models.StopResult:
         return await _off_loop(gate.stop, job_id, force)
 
-    @_tool(server, "Without run_dir: every run directory under the root, paginated. With run_dir: "
-                 "its runs (checkpoints, epochs, best score, parent); name one as '<run> => best'.")  # fmt: skip
+    @_tool(server, "Without run_dir: the run directories under the root; with it: its runs "
+                 "(checkpoints, epochs, best, parent), named as '<run> => best'.")  # fmt: skip
     async def nitro_runs(
-        run_dir: Annotated[
-            str | None, Field(description="A run directory; omit to list them all.")
-        ] = None,
+        run_dir: Annotated[str | None, Field(description="Omit to list them all.")] = None,
         limit: RunsLimit = 20,
         cursor: Cursor = None,
     ) -> models.RunsResult:
         return await _off_loop(gate.runs, run_dir, limit, cursor)
 
-    @_tool(server, "Compare 2 to 8 runs: the plain config fields that differ, best and final "
-                 "metrics, epochs, wall time and parent.")  # fmt: skip
+    @_tool(server, "Compare 2 to 8 runs: differing config fields, best and final metrics, epochs, "
+                 "wall time, parent.")  # fmt: skip
     async def nitro_compare(
         sources: Annotated[
             list[str],
-            Field(description="'runs/a' (its latest run), 'runs/a:<run id>', 'runs/a:all'."),
+            Field(description="'runs/a' (latest run), 'runs/a:<run id>', 'runs/a:all'."),
         ],
     ) -> models.CompareResult:  # fmt: skip
         return await _off_loop(gate.compare, sources)
 
-    @_tool(server, "Delete a run (records, entries, points, log) or some records. A dry run by "
-                 "default: shows what would go; dry_run=false frees the space. Refused while a job uses it.")  # fmt: skip
+    @_tool(server, "Delete a run or some records: a dry run unless dry_run=false; refused while a "
+                 "job uses the run.")  # fmt: skip
     async def nitro_delete(
-        run_dir: Annotated[str, Field(description="A run directory inside the root.")],
+        run_dir: Annotated[str, Field(description="A run directory.")],
         run: Annotated[
-            str | None, Field(description="A run id (omit run and files: every run).")
+            str | None, Field(description="A run id (omit with files: every run).")
         ] = None,
         files: Annotated[
             list[str] | None, Field(description="Record file names (nitro_manifest lists them).")
@@ -293,62 +280,71 @@ def build_server(
     ) -> models.DeleteResult:
         return await _off_loop(gate.delete, run_dir, run, files, dry_run)
 
-    @_tool(server, "Write a checkpoint's weights (state-dict names, with provenance) to a new "
-                 ".safetensors file inside the root.")  # fmt: skip
+    @_tool(server, "Write a checkpoint's weights to a new .safetensors file (state-dict names, "
+                 "provenance), or a Hugging Face model directory (format='hf').")  # fmt: skip
     async def nitro_export(
-        source: Annotated[str, Field(description="'latest => best', another source, or a path.")],
-        path: Annotated[str, Field(description="A new .safetensors file (never overwritten).")],
+        source: Annotated[str, Field(description="e.g. 'latest => best', or a path.")],
+        path: Annotated[
+            str,
+            Field(description="A new .safetensors file (format='hf': a new directory)."),
+        ],
         run_dir: Annotated[str | None, Field(description="The source's run directory.")] = None,
+        format: Annotated[
+            Literal["weights", "hf"],
+            Field(description="'hf': config.json and model.safetensors (or shards)."),
+        ] = "weights",
+        dtype: Annotated[
+            Literal["float32", "float16", "bfloat16"] | None,
+            Field(description="format='hf': cast floating weights to this dtype."),
+        ] = None,
+        max_shard_size: Annotated[
+            str,
+            Field(
+                description="format='hf': the largest shard, e.g. '5GB', '500MB'.", max_length=20
+            ),
+        ] = "5GB",
     ) -> models.ExportResult:
-        return await _off_loop(gate.export, source, path, run_dir)
+        return await _off_loop(gate.export, source, path, run_dir, format, dtype, max_shard_size)
 
-    @_tool(server, "The manifest of a run directory: one entry per kept checkpoint (its fields in "
-                 "the output schema). Paginated.")  # fmt: skip
+    @_tool(server, "A run directory's manifest, paginated: one entry per kept checkpoint.")  # fmt: skip
     async def nitro_manifest(
-        run_dir: Annotated[str, Field(description="A run directory inside the root.")],
+        run_dir: Annotated[str, Field(description="A run directory.")],
         limit: EntriesLimit = 20,
         cursor: Cursor = None,
     ) -> models.ManifestPage:
         return await _off_loop(gate.manifest_page, run_dir, limit, cursor)
 
-    @_tool(server, "A checkpoint's header without loading its tensors: epoch, step, seed, run, config, "
-                 "metrics, stop_reason, averaged_from and a layout summary.")  # fmt: skip
+    @_tool(server, "A checkpoint's header, no tensors read: epoch, step, seed, run, config, "
+                 "metrics, averaged_from, layout.")  # fmt: skip
     async def nitro_checkpoint_info(
-        path: Annotated[str, Field(description="A .safetensors record inside the root.")],
+        path: Annotated[str, Field(description="A record.")],
     ) -> models.CheckpointInfoResult:
         return await _off_loop(gate.checkpoint_info, path)
 
-    @_tool(server, "Check every byte of a record, or of each record in a run directory, "
+    @_tool(server, "Check every byte of a record, or of each record of a run directory, "
                  "against its digests.")  # fmt: skip
     async def nitro_verify(
-        path: Annotated[str, Field(description="A record or a run directory inside the root.")],
+        path: Annotated[str, Field(description="A record or a run directory.")],
     ) -> models.VerifyResult:
         return await _off_loop(gate.verify, path)
 
-    @_tool(server, "The registered experiments: config fields with types, defaults and Host marks "
-                 "(Host fields may change on resume), splits, monitor; and each --experiment-module with its "
-                 "import error.")  # fmt: skip
+    @_tool(server, "Registered experiments: config fields (type, default; Host ones may change on "
+                 "resume), splits, monitor; and module import errors.")  # fmt: skip
     async def nitro_experiments(
-        name: Annotated[
-            str | None, Field(description="One experiment; default all (bounded).")
-        ] = None,
+        name: Annotated[str | None, Field(description="One; default all.")] = None,
     ) -> models.ExperimentsResult:
         return await _off_loop(gate.experiments, name)
 
-    @_tool(server, "A run's metric history from its log: one row per epoch (epoch, step, train_loss, "
-                 "lr, val.<metric>, seconds), newest last, bounded; next says how many rows exist and how to see more.")  # fmt: skip
+    @_tool(server, "A run's metrics per epoch from its log (epoch, step, train_loss, lr, "
+                 "val.<metric>, seconds), newest last, bounded.")  # fmt: skip
     async def nitro_history(
-        run_dir: Annotated[str, Field(description="A run directory inside the root.")],
-        run: Annotated[
-            str | None, Field(description="A run id; default the run that logged last.")
-        ] = None,
+        run_dir: Annotated[str, Field(description="A run directory.")],
+        run: Annotated[str | None, Field(description="Default the run that logged last.")] = None,
         columns: Annotated[
             list[str] | None, Field(description="e.g. ['epoch', 'val.loss']; default all.")
         ] = None,
-        every: Annotated[int, Field(description="Keep every Nth row, ending at the last.")] = 1,
-        last: Annotated[
-            int | None, Field(description="Only the last N rows (after every).")
-        ] = None,
+        every: Annotated[int, Field(description="Every Nth row, ending at the last.")] = 1,
+        last: Annotated[int | None, Field(description="The last N rows (after every).")] = None,
     ) -> models.HistoryResult:
         return await _off_loop(
             lambda: observe.history(
@@ -356,17 +352,17 @@ def build_server(
             )
         )
 
-    @_tool(server, "A PNG of a run's curves (one panel per metric, epoch on x, one line per run), "
-                 "returned as image content. Needs matplotlib: pip install 'nitro[plot]'.")  # fmt: skip
+    @_tool(server, "A PNG of runs' curves (a panel per metric, a line per run). Needs "
+                 "pip install 'nitro[plot]'.")  # fmt: skip
     async def nitro_plot(
-        run_dir: Annotated[str, Field(description="A run directory inside the root.")],
+        run_dir: Annotated[str, Field(description="A run directory.")],
         runs: Annotated[
             list[str] | None,
-            Field(description="Run ids to draw together (up to 8); default the latest."),
+            Field(description="Up to 8 run ids; default the latest."),
         ] = None,
         metrics: Annotated[
             list[str] | None,
-            Field(description="e.g. ['train_loss', 'val.acc']; default the loss and val metrics."),
+            Field(description="e.g. ['val.acc']; default loss and val metrics."),
         ] = None,
     ) -> list[Image | TextContent]:
         png, caption = await _off_loop(

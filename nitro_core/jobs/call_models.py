@@ -18,6 +18,13 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 MAX_NPROC = 64  # processes of one training, through torch.distributed.run
+MAX_NODES = 1024  # nodes of one training on a cluster (the cluster's own count bounds it too)
+# the sbatch options a call may add as extra lines: none that moves the job's files or output
+SBATCH_ALLOWED = (
+    "--mem", "--mem-per-cpu", "--mem-per-gpu", "--cpus-per-task", "--gpus-per-node",
+    "--gpus-per-task", "--constraint", "--exclusive", "--reservation", "--comment",
+    "--exclude", "--nodelist", "--mail-type", "--mail-user", "--nice", "--licenses",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -34,12 +41,28 @@ class Refusal:
 
 
 _OVERRIDES = (
-    'Config fields to set, e.g. {"max_epochs": 3}; on top of the record\'s config when '
-    "validating or resuming (a resume changes Host fields only). nitro_experiments lists the "
-    "fields."
+    'Config fields, e.g. {"lr": 0.1}; over the record\'s when resuming (Host fields only) or '
+    "validating."
 )
-_EXPERIMENT = "A registered experiment name (nitro_experiments lists them)."
+_EXPERIMENT = "A name nitro_experiments lists."
 _RUN_DIR = "Run directory inside the root; default runs/<experiment>."
+
+
+class SlurmOptions(BaseModel):
+    """Where a Slurm job runs: its partition, account, generic resources, quality of
+    service, and extra ``#SBATCH`` lines from :data:`SBATCH_ALLOWED`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    partition: str | None = Field(
+        default=None, description="Slurm partition; default the cluster's."
+    )
+    account: str | None = Field(default=None, description="Slurm account to charge.")
+    gres: str | None = Field(default=None, description="Generic resources, e.g. 'gpu:4'.")
+    qos: str | None = Field(default=None, description="Quality of service.")
+    extra: list[str] = Field(
+        default_factory=list,
+        description="More sbatch options (an allow-list), e.g. ['--mem=16G'].",
+    )
 
 
 class _Call(BaseModel):
@@ -64,35 +87,33 @@ class TrainCall(_Call):
     on ``nproc`` processes."""
 
     kind: ClassVar[Literal["train"]] = "train"
-    passed_apart: ClassVar[frozenset[str]] = frozenset({"experiment", "overrides", "nproc"})
+    passed_apart: ClassVar[frozenset[str]] = frozenset(
+        {"experiment", "overrides", "nproc", "executor", "nodes", "slurm"}
+    )
 
     experiment: str = Field(description=_EXPERIMENT)
     run_dir: str | None = Field(default=None, description=_RUN_DIR)
     resume: StrictBool | str = Field(
         default="false",
-        description="false (a new run), 'auto' (continue the latest record, or start fresh), "
-        "or a source to resume exactly.",
+        description="false (new run), 'auto' (the latest record, else fresh) or a source.",
     )
     weights: str | None = Field(
         default=None,
-        description="A source whose parameters start a new run (fresh optimizer), e.g. "
-        "'latest => best'.",
+        description="Start parameters (fresh optimizer), e.g. 'latest => best'.",
     )
     restore_best: StrictBool | str = Field(
         default="false",
-        description="false, true (end holding the run's best checkpoint) or 'Average(Last(10))'.",
+        description="End holding: true (the best) or e.g. 'Average(Last(10))'.",
     )
     restore_optimizer: StrictBool = Field(
-        default=False, description="With weights: also take its optimizer state."
+        default=False, description="With weights: its optimizer state too."
     )
     strict: StrictBool = Field(
-        default=True, description="False: load weights by name, warning about the rest."
+        default=True, description="false: load weights by name, warn on the rest."
     )
-    seed: int | None = Field(
-        default=None, description="Seed for every RNG; default 0 (a resume keeps its own)."
-    )
+    seed: int | None = Field(default=None, description="Default 0 (a resume keeps its own).")
     overrides: dict[str, Any] = Field(default_factory=dict, description=_OVERRIDES)
-    device: str = Field(default="auto", description="'auto', 'cpu' or 'cuda:0'.")
+    device: str = Field(default="auto", description="e.g. 'cpu', 'cuda:0'.")
     logger: Annotated[
         Literal["jsonl", "tensorboard"] | None,
         Refusal(
@@ -102,8 +123,7 @@ class TrainCall(_Call):
         ),
     ] = Field(
         default=None,
-        description="'jsonl' or 'tensorboard' (also writes logs/tb/<run>/); default the "
-        "experiment's logger(). A resume keeps the run's.",
+        description="Default the experiment's (a resume keeps the run's).",
     )
     nproc: Annotated[
         int,
@@ -115,14 +135,62 @@ class TrainCall(_Call):
         default=1,
         ge=1,
         le=MAX_NPROC,
-        description="Processes (torch.distributed.run), e.g. one per GPU.",
+        description="Processes (torchrun), e.g. one per GPU.",
     )
     strategy: Annotated[
         Literal["auto", "ddp", "fsdp"],
         Refusal(
             "strategy={value} is not a strategy; send 'auto' (DDP when nproc > 1), 'ddp' or 'fsdp'."
         ),
-    ] = Field(default="auto", description="'auto' (DDP when nproc > 1), 'ddp' or 'fsdp'.")
+    ] = Field(default="auto", description="auto: DDP when nproc > 1.")
+    max_steps: Annotated[
+        int | None,
+        Refusal(
+            "max_steps={value} is not a step budget; send a positive integer, e.g. "
+            "max_steps=1000 (optimizer steps of the run, counted from its start), or leave it out."
+        ),
+    ] = Field(
+        default=None,
+        ge=1,
+        description="Step budget: stop at the last point within it (stop_reason 'budget').",
+    )
+    time_limit: Annotated[
+        float | None,
+        Refusal(
+            "time_limit={value} is not a time budget; send a positive number of seconds, e.g. "
+            "time_limit=3600, or leave it out."
+        ),
+    ] = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds: stop at the last point before it (stop_reason 'budget').",
+    )
+    executor: Annotated[
+        Literal["local", "slurm"] | None,
+        Refusal(
+            "executor={value} is not an executor; send 'local' (worker processes on the "
+            "server's machine) or 'slurm' (sbatch on the cluster), or leave it out for the "
+            "server's default."
+        ),
+    ] = Field(
+        default=None,
+        description="Default the server's (nitro serve --executor).",
+    )
+    nodes: Annotated[
+        int,
+        Refusal(
+            f"nodes={{value}} is not a node count; send an integer from 1 to {MAX_NODES}, e.g. "
+            "nodes=2 (with executor='slurm')."
+        ),
+    ] = Field(
+        default=1, ge=1, le=MAX_NODES,
+        description="Slurm nodes, each running nproc processes.",
+    )  # fmt: skip
+    slurm: SlurmOptions | None = Field(
+        default=None,
+        description="Slurm options (executor='slurm').",
+    )
 
     def nitro_kwargs(self) -> dict[str, Any]:
         """The keywords of ``Nitro(experiment, ...)``: every field but the experiment, its
@@ -141,15 +209,10 @@ class ValidateCall(_Call):
     run_dir: str | None = Field(default=None, description=_RUN_DIR)
     weights: str = Field(
         default="latest => best",
-        description="A checkpoint source, e.g. 'latest => best', '<run id> => latest', "
-        "'latest => Average(Last(10))', or a .safetensors path inside the root.",
+        description="e.g. 'latest => best', 'latest => Average(Last(10))' or a path.",
     )
-    split: str = Field(
-        default="val", description="The data split to evaluate, e.g. 'val' or 'test'."
-    )
-    load_ema: StrictBool = Field(
-        default=False, description="Evaluate the checkpoint's EMA weights."
-    )
+    split: str = Field(default="val", description="e.g. 'val', 'test'.")
+    load_ema: StrictBool = Field(default=False, description="Evaluate its EMA weights.")
     overrides: dict[str, Any] = Field(default_factory=dict, description=_OVERRIDES)
 
     def nitro_kwargs(self) -> dict[str, Any]:
@@ -167,29 +230,27 @@ class AverageCall(_Call):
         {"save", "experiment", "validate_average", "overrides", "split"}
     )
 
-    run_dir: str = Field(description="The run directory inside the root.")
+    run_dir: str = Field(description="A run directory.")
     source: str = Field(
         default="latest => Average(Last(10))",
-        description="What to average: 'latest => Average(Last(10))', "
-        "'<run id> => Average(Best(5; among=Last(20)))', 'latest => Average(Epochs(8:10))'.",
+        description="e.g. 'latest => Average(Best(5; among=Last(20)))'.",
     )
     save: str | None = Field(
         default=None,
-        description="Write the average as a record here (inside the root; never overwritten).",
+        description="A new record path for the average.",
     )
     experiment: str | None = Field(
         default=None,
-        description="With validate=true; default: the one the record was written by.",
+        description="With validate; default the record's.",
     )
     validate_average: StrictBool = Field(
-        default=False, alias="validate", description="Also evaluate the average on split."
+        default=False, alias="validate", description="Also evaluate it on split."
     )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
-        description="With validate=true: config fields to change from the record's, "
-        'e.g. {"batch_size": 256}.',
+        description="With validate: config fields over the record's.",
     )
-    split: str = Field(default="val", description="With validate=true: the data split to evaluate.")
+    split: str = Field(default="val", description="With validate: the split.")
 
     def average_kwargs(self) -> dict[str, Any]:
         """The arguments of ``average_checkpoints(run_dir, source)``."""
@@ -214,5 +275,6 @@ def defaults(model: type[BaseModel]) -> dict[str, Any]:
 
 
 __all__ = [
-    "CALLS", "MAX_NPROC", "AverageCall", "Call", "Refusal", "TrainCall", "ValidateCall", "defaults",
+    "CALLS", "MAX_NODES", "MAX_NPROC", "SBATCH_ALLOWED", "AverageCall", "Call", "Refusal",
+    "SlurmOptions", "TrainCall", "ValidateCall", "defaults",
 ]  # fmt: skip

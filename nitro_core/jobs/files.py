@@ -27,6 +27,9 @@ from nitro_core.store.safeio import flocked, open_nofollow
 
 JobKind = Literal["train", "validate", "average"]
 JobState = Literal["queued", "running", "succeeded", "failed", "stopped", "lost"]
+# why a job failed: a non-finite loss or monitor, a record that did not read back, a Nitro
+# error (which says what to change), anything else
+Failure = Literal["diverged", "corrupt", "refused", "unexpected"]
 Phase = Literal[
     "queued", "launching", "starting", "setup", "loading", "training", "validating", "averaging",
     "done", "failed", "cancelled", "killed", "lost",
@@ -133,6 +136,18 @@ class EpochProgress(BaseModel):
     at: float  # the Unix time it was taken
 
 
+class EngineReport(BaseModel):
+    """What a cluster's scheduler last said of a job: its own state word (None: it knows
+    the job no more), which command answered, when, and on which nodes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: str | None
+    source: Literal["sacct", "squeue", "scontrol"]
+    at: float
+    nodes: str | None = None
+
+
 class JobStatus(BaseModel):
     """The job's state as its files say."""
 
@@ -152,10 +167,16 @@ class JobStatus(BaseModel):
     last_loss: float | None = None
     last_val: dict[str, float | None] = Field(default_factory=dict)  # NaN/inf are stored as null
     progress: EpochProgress | None = None  # inside the epoch in progress
-    error: str | None = None
+    error: str | None = None  # as Python writes it (str of the exception)
+    refusal: list[Any] | None = None  # a Nitro error's parts (errors.parts_to_json)
+    failure: Failure | None = None  # a failed job's kind of failure
+    recorded_run: str | None = None  # a failed job's run, when it wrote a record
     hint: str | None = None
     result: dict[str, Any] | None = None
     stop_requested: bool = False
+    executor: Literal["local", "slurm"] = "local"  # what runs the job (jobs.slurm)
+    slurm_id: str | None = None  # its Slurm job id, once submitted
+    engine: EngineReport | None = None  # what the engine last said of it
     created: str
     started: str | None = None
     ended: str | None = None

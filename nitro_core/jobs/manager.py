@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from nitro_core.errors import CheckpointNotFound, ConfigError, UnsafePath
+from nitro_core.jobs import cluster, slurm
 from nitro_core.jobs.call_models import Call
 from nitro_core.jobs.files import (
     STORE_NAME,
@@ -65,6 +66,7 @@ class JobManager:
         self.jobs_dir = self.store_dir / "jobs"
         self.index = JobIndex(self.store_dir, self.jobs_dir)
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.engine = slurm.Engine()  # the cluster's scheduler, asked at most once a second a job
 
     # -- creating and starting ------------------------------------------------------------------
     def submit(
@@ -95,11 +97,15 @@ class JobManager:
             state="queued",
             run_dir=spec.run_dir,
             created=spec.created,
+            executor=getattr(call, "executor", None) or "local",
         )
         write_json(directory / "status.json", status)
         append_event(directory, {"time": spec.created, "event": "queued"})
         self.index.note(IndexRow.of(status, spec.experiment))
-        self.pump()
+        if status.executor == "slurm":  # the cluster's scheduler queues it, not Nitro's slots
+            cluster.start(directory, spec, self.root)
+        else:
+            self.pump()
         return self.status(job_id)
 
     def pump(self, rows: dict[str, IndexRow] | None = None) -> None:
@@ -107,10 +113,10 @@ class JobManager:
         ``max_jobs`` trainings, or fewer than ``max_eval_jobs`` validations and averages,
         running. Servers and ending workers pump under one lock, so together they never
         exceed either limit. ``rows``: the index as the caller just read it."""
-        if not any(s.state == "queued" for s in self._live(rows)):
+        if not any(s.state == "queued" and s.executor == "local" for s in self._live(rows)):
             return  # nothing to start (the common case: no lock, no file written)
         with locked(self.store_dir, "pump.lock"):
-            statuses = self._live()  # every job not ended, refreshed
+            statuses = [s for s in self._live() if s.executor == "local"]  # not ended, refreshed
             limit = {True: self.max_jobs, False: self.max_eval_jobs}  # by "is a training"
             running = {True: 0, False: 0}
             for s in statuses:
@@ -277,6 +283,8 @@ class JobManager:
 
     def _refresh(self, status: JobStatus) -> JobStatus:
         """Reap a finished child; mark a running job whose worker vanished as lost."""
+        if status.executor == "slurm" and status.state in ("queued", "running"):
+            return cluster.refresh(job_dir(self.root, status.job_id), status, self.engine)
         child = self._children.get(status.job_id)
         if child is not None and child.poll() is not None:
             self._children.pop(status.job_id, None)
@@ -292,13 +300,11 @@ class JobManager:
                 directory, vanished, state="stopped", phase="cancelled", ended=now_iso()
             )
             event = "stopped"
-        else:
+        else:  # the MCP layer writes the call that continues its run
             ended = compare_and_set(
                 directory, vanished, state="lost", phase="lost", ended=now_iso(),
                 error=f"The worker process {status.pid} ended without recording a result "
                 "(killed, or the machine restarted).",
-                hint="Its run stays resumable: call nitro_train with the same experiment and "
-                "run_dir and resume='auto'. The log tail shows its last words.",
             )  # fmt: skip
             event = "lost"
         if ended is None:
@@ -318,6 +324,8 @@ class JobManager:
                 f"Job {job_id} already ended ({status.state}); there is nothing to stop. "
                 "nitro_status shows its result."
             )
+        if status.executor == "slurm":
+            return cluster.stop(directory, status, force)
         if status.state == "queued":
             cancelled = update_status_if(
                 directory, {"queued"}, state="stopped", phase="cancelled", ended=now_iso()
@@ -343,9 +351,8 @@ class JobManager:
         if child is not None:
             child.wait(timeout=10)
         killed = update_status_if(
-            directory, {"running"}, state="stopped", phase="killed", ended=now_iso(),
-            hint="Killed at once; resume the run with nitro_train(resume='auto').",
-        )  # fmt: skip
+            directory, {"running"}, state="stopped", phase="killed", ended=now_iso()
+        )  # the MCP layer writes the call that resumes it
         self.pump()
         return killed if killed is not None else read_status(directory)
 

@@ -15,11 +15,13 @@ worker records the job as failed, pointing at ``log.txt``.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from nitro_core.jobs import slurm
 from nitro_core.jobs.files import JobSpec, read_status
 from nitro_core.jobs.status import update_status
 
@@ -40,11 +42,29 @@ def process_limit(device: str) -> tuple[int, str]:
 
 
 def command(spec: JobSpec, directory: Path) -> list[str]:
-    """The launcher's command line (``-P``: the job's cwd is not on ``sys.path``)."""
+    """The launcher's command line (``-P``: the job's cwd is not on ``sys.path``): on a
+    cluster allocation of several nodes, one ``torch.distributed.run`` per node through
+    ``srun``, meeting at the first node (c10d rendezvous)."""
+    nodes = getattr(spec.call, "nodes", 1)
+    if nodes > 1:
+        host = slurm.node_addr(slurm.first_node(os.environ["SLURM_JOB_NODELIST"]))
+        return [
+            "srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            sys.executable, "-P", "-m", "torch.distributed.run", f"--nnodes={nodes}",
+            f"--nproc-per-node={spec.nproc}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={host}:{_free_port()}", f"--rdzv-id={spec.job_id}",
+            "-m", "nitro_core.jobs.worker", "--rank", str(directory),
+        ]  # fmt: skip
     return [
         sys.executable, "-P", "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={spec.nproc}", "-m", "nitro_core.jobs.worker", "--rank", str(directory),
     ]  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
 
 
 def launch(spec: JobSpec, directory: Path) -> None:

@@ -23,16 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 from nitro_core.errors import (
     CheckpointCorrupt,
-    ConfigError,
     MonitorError,
     NitroError,
     NonFiniteLoss,
+    parts_to_json,
 )
 from nitro_core.jobs import ranks
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
-from nitro_core.jobs.calls import Failure, after_failure, nothing_to_train, spec_arguments
+from nitro_core.jobs.calls import nothing_to_train, spec_arguments
 from nitro_core.jobs.files import (
     EpochProgress,
+    Failure,
     JobSpec,
     append_event,
     note_event,
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(spec, directory, stop)
     finally:
-        _pump_queue(directory, spec)
+        if not _on_cluster(spec):  # a cluster's scheduler starts the next one there
+            _pump_queue(directory, spec)
 
 
 def _rank(spec: JobSpec, directory: Path, stop: _Stop) -> int:
@@ -90,10 +92,11 @@ def _main(spec: JobSpec, directory: Path, stop: _Stop, rank0: bool = False) -> i
         if rank0
         else update_status_if(
             directory,
-            {"running"},
+            {"queued", "running"} if _on_cluster(spec) else {"running"},
             phase="starting",
             pid=os.getpid(),
             pid_start=process_start(os.getpid()),
+            **_claim(spec),
         )
     )
     if me is None or me.stop_requested:  # stopped (or declared lost) before it could start
@@ -116,13 +119,24 @@ def _main(spec: JobSpec, directory: Path, stop: _Stop, rank0: bool = False) -> i
             traceback.print_exc(file=sys.stderr)
             _end(
                 directory, "failed", phase="failed", error=_error_text(exc),
-                hint=_hint(exc, spec, directory), result={"warnings": _warnings(caught)},
-                detail={"error": str(exc)},
+                refusal=parts_to_json(exc.parts) if isinstance(exc, NitroError) else None,
+                failure=_failure(exc), recorded_run=_recorded_run(spec, directory),
+                result={"warnings": _warnings(caught)}, detail={"error": str(exc)},
             )  # fmt: skip
             return 1
     result["warnings"] = _warnings(caught)
     _end(directory, state, phase="done", result=result)
     return 0
+
+
+def _on_cluster(spec: JobSpec) -> bool:
+    """Whether the job was submitted to Slurm (then this worker claims it from ``queued``)."""
+    return getattr(spec.call, "executor", None) == "slurm"
+
+
+def _claim(spec: JobSpec) -> dict[str, Any]:
+    """What a worker started by the cluster's scheduler writes as it starts."""
+    return {"state": "running", "started": now_iso()} if _on_cluster(spec) else {}
 
 
 def _end(directory: Path, state: str, detail: dict[str, Any] | None = None, **changes: Any) -> None:
@@ -195,6 +209,8 @@ class _Stop:
     def _forward(self) -> None:
         event = threading.Event()
         while not event.wait(WATCH_S):
+            if self.is_requested() and _state(self.directory) == "stopped":
+                os._exit(137)  # a forced stop the server recorded (a scheduler's kill is slow)
             if self.handle_ref is not None and self.is_requested():
                 self.handle_ref.request_stop()  # again after train() clears it: idempotent
 
@@ -262,7 +278,7 @@ def _run(
     job, which trains and writes nothing to the job's files."""
     call = spec.call
     if isinstance(call, TrainCall):
-        if call.nproc > 1 and not rank0 and report:
+        if (call.nproc > 1 or call.nodes > 1) and not rank0 and report:
             stop.check()
             ranks.launch(spec, directory)
             return None
@@ -307,10 +323,9 @@ def _train(
     status(directory, phase="setup")
     n = Nitro(exp, **call.nitro_kwargs())
     if record is not None and n.epoch >= exp.max_epochs:
-        raise ConfigError(  # queued behind another job, the run reached max_epochs meanwhile
-            nothing_to_train(
-                spec_arguments(spec, _root(directory)), n.run_id, n.epoch, exp.max_epochs
-            )
+        # queued behind another job, the run reached max_epochs meanwhile
+        raise nothing_to_train(
+            spec_arguments(spec, _root(directory)), n.run_id, n.epoch, exp.max_epochs
         )
     stop.check()  # before training: the run is left as it was
     stop.handle_ref = n
@@ -362,7 +377,7 @@ def _train(
         "kept_total": len(kept),
         "checkpoint_source": str(n.checkpoint_source) if n.checkpoint_source else None,
     }
-    return result, "stopped" if n.stop_reason == "requested" else "succeeded"
+    return result, "stopped" if n.stop_reason in ("requested", "budget") else "succeeded"
 
 
 def _unreported(directory: Path, **changes: Any) -> None:
@@ -395,17 +410,19 @@ def _warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     return [t if len(t) <= 500 else t[:497] + "..." for t in texts]
 
 
-def _hint(exc: Exception, spec: JobSpec, directory: Path) -> str:
-    """What to call after the failure: a complete tool call in the job's own arguments."""
-    run = _state_field(directory, "run_id")
-    recorded = run is not None and any(e.run == run for e in _entries(spec))
+def _failure(exc: Exception) -> Failure:
+    """What kind of failure ``exc`` is (the MCP layer writes the call to send after it)."""
     if isinstance(exc, MonitorError | NonFiniteLoss):
-        failure: Failure = "diverged"
-    elif isinstance(exc, CheckpointCorrupt):
-        failure = "corrupt"
-    else:
-        failure = "refused" if isinstance(exc, NitroError) else "unexpected"
-    return after_failure(spec, _root(directory), failure, run if recorded else None)
+        return "diverged"
+    if isinstance(exc, CheckpointCorrupt):
+        return "corrupt"
+    return "refused" if isinstance(exc, NitroError) else "unexpected"
+
+
+def _recorded_run(spec: JobSpec, directory: Path) -> str | None:
+    """The job's run, when it wrote a record (a failed training can continue from it)."""
+    run = _state_field(directory, "run_id")
+    return run if run is not None and any(e.run == run for e in _entries(spec)) else None
 
 
 def _root(directory: Path) -> Path:

@@ -54,7 +54,7 @@ class RecordHeader(BaseModel):
     metrics: dict[str, float] = Field(description="Finalized 'val' metrics of this epoch.")
     metric: str | None
     mode: Literal["min", "max"] | None
-    stop_reason: Literal["completed", "early_stop", "requested"] | None
+    stop_reason: Literal["completed", "early_stop", "requested", "budget"] | None
     history: list[dict[str, Any]] | None = None
     rng: dict[str, Any] | None = Field(
         description="Python and NumPy generator state (torch's are tensors under rng/)."

@@ -49,7 +49,7 @@ from nitro_core.store.safeio import open_nofollow
 FORMAT: Final = "nitro-manifest/1"
 
 Mode = Literal["min", "max"]
-StopReason = Literal["completed", "early_stop", "requested"]
+StopReason = Literal["completed", "early_stop", "requested", "budget"]
 
 
 def _finite(v: float | None) -> float | None:
@@ -308,6 +308,7 @@ def _paired(run_dir: Path, seen: _Seen) -> bool:
         if not (_refresh_base(run_dir, seen) or moved):
             break
         changed = True
+    assert problem is not None  # the rounds ended on a mismatch
     raise CheckpointCorrupt(problem)
 
 

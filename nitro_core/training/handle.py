@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from nitro_core.errors import ConfigError, NitroWarning, TrainingRefused
+from nitro_core.errors import CheckpointerFix, ConfigError, NitroWarning, TrainingRefused
 from nitro_core.experiment import Experiment, check_required_hooks, config_of, host_fields
 from nitro_core.policy.selectors import Checkpointer
-from nitro_core.sources.grammar import Average, Pair
+from nitro_core.sources.grammar import HF_PREFIX, Average, HFDirectory, Pair
 from nitro_core.state import records, rng
 from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMA, EMATracker
@@ -27,6 +27,7 @@ from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import StopReason
 from nitro_core.training import distributed, ranking, setup, sharding
+from nitro_core.training.budget import Budget, check_budget
 from nitro_core.training.checkpointing import OneFile, RecordWriter
 from nitro_core.training.loggers import MutedLogger, choose_logger
 from nitro_core.training.loop import StepHooks, evaluate
@@ -64,6 +65,9 @@ class Nitro:
     joins the process group (initializing it when the script did not), shards the data
     splits across the ranks, reduces metrics over them, and writes records from rank 0
     (:mod:`nitro_core.training.distributed`).
+    ``max_steps`` (optimizer steps of the run) and ``time_limit`` (seconds of each
+    ``train()``): a budget; the run stops at the last checkpoint point within it, its record
+    written with ``stop_reason="budget"`` (:mod:`nitro_core.training.budget`).
     """
 
     def __init__(
@@ -80,7 +84,11 @@ class Nitro:
         device: str | torch.device = "auto",
         logger: Any = None,
         strategy: str = "auto",
+        max_steps: int | None = None,
+        time_limit: float | None = None,
     ) -> None:
+        check_budget(max_steps, time_limit)
+        self.budget = Budget(max_steps, time_limit)
         self._check_experiment(experiment)
         self._join(run_dir, device, strategy)
         self.options = check_options(
@@ -117,8 +125,9 @@ class Nitro:
         ckpt = experiment.checkpointer()
         if ckpt is not None and not isinstance(ckpt, Checkpointer):
             raise ConfigError(
-                f"{type(experiment).__name__}.checkpointer() returned {ckpt!r}; return "
-                "Checkpointer(keep=...) or None."
+                f"{type(experiment).__name__}.checkpointer() returned {ckpt!r}; return ",
+                CheckpointerFix("keep=..."),
+                " or None.",
             )
         self.checkpointer: Checkpointer | None = ckpt
 
@@ -310,6 +319,8 @@ class Nitro:
                 )
             if self.dist.main:
                 self._refuse_stale_point()
+            self._refuse_spent_budget()
+            self.budget.start(self.step)
             # the first train() starts where setup left off (a mid-epoch resume: once the
             # train split is positioned)
             resumption = self._resumption
@@ -357,6 +368,15 @@ class Nitro:
                 f"resume='{self.run_id} => latest')."
             )
 
+    def _refuse_spent_budget(self) -> None:
+        """Refuse to train a run whose ``max_steps`` it has reached already."""
+        if not self.budget.left(self.step):
+            raise TrainingRefused(
+                f"Run {self.run_id} in {str(self.run_dir)!r} is at step {self.step}, and "
+                f"max_steps={self.budget.max_steps} leaves no step to train. Raise max_steps "
+                f"above {self.step} (it counts the run's steps from its start), or leave it out."
+            )
+
     def close(self) -> None:
         """Release the logger's file (``train()`` does this when it returns) and the process
         group, when this handle made it."""
@@ -374,6 +394,7 @@ class Nitro:
         value = metrics.get(monitor[0]) if monitor and metrics else None
         early = False
         requested = self.dist.any(self._stop.is_set())  # every rank stops at the same point
+        budget = self.budget.active and self.dist.any(self.budget.spent(self.step))  # clocks differ
         if value is not None:
             if self.plateau is not None:
                 self.plateau.step(value)
@@ -385,6 +406,8 @@ class Nitro:
             return "requested"
         if self.batch is None and self.epoch >= self.experiment.max_epochs:
             return "completed"
+        if budget:
+            return "budget"
         return None
 
     def request_stop(self) -> None:
@@ -489,6 +512,8 @@ def _weights_parent(source: Any, n: Nitro) -> str | None:
         return f"{n.averaged_from['run']} => {source.pick}"
     if n.checkpoint_source is None:
         return None
+    if isinstance(source, HFDirectory):  # no record header: the directory it came from
+        return f"{HF_PREFIX}{n.checkpoint_source}"
     run = store.read_header(n.checkpoint_source).get("run") or "?"
     return f"{run}/{n.checkpoint_source.name}"
 

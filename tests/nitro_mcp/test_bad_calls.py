@@ -15,10 +15,10 @@ E = "Error executing tool {tool}: "
 
 BAD_CALLS = [
     ("nitro_train", {"experiment": "Nope"},
-     "Unknown experiment 'Nope'; registered experiments are: CausalLM, Classifier, Regression. Use one of those names, or "
+     "Unknown experiment 'Nope'; registered experiments are: CausalLM, Classifier, HFCausalLM, Regression. Use one of those names, or "
      "register yours with the 'nitro.experiments' entry-point group or --experiment-module when starting the server."),
     ("nitro_train", {"experiment": "os.system"},
-     "Unknown experiment 'os.system'; registered experiments are: CausalLM, Classifier, Regression. Use one of those names, or "
+     "Unknown experiment 'os.system'; registered experiments are: CausalLM, Classifier, HFCausalLM, Regression. Use one of those names, or "
      "register yours with the 'nitro.experiments' entry-point group or --experiment-module when starting the server."),
     ("nitro_train", {"experiment": "Regression", "overrides": {"hiden": 3}},
      "Regression: unknown field 'hiden'; Regression has the fields: max_epochs, features, hidden, samples, batch_size, "

@@ -45,6 +45,7 @@ def test_an_edited_module_is_imported_again_and_the_worker_runs_the_edit(tmp_pat
             assert [e["name"] for e in listing["experiments"]] == [
                 "CausalLM",
                 "Classifier",
+                "HFCausalLM",
                 "Regression",
                 "Tiny",
             ]
@@ -76,6 +77,7 @@ def test_a_broken_module_is_listed_and_named_when_its_class_is_called_for(tmp_pa
             assert [e["name"] for e in listing["experiments"]] == [
                 "CausalLM",
                 "Classifier",
+                "HFCausalLM",
                 "Regression",
             ]
             assert listing["modules"] == [{
@@ -91,7 +93,7 @@ def test_a_broken_module_is_listed_and_named_when_its_class_is_called_for(tmp_pa
             err, text = await call(client, "nitro_validate", experiment="Tinny")
             assert err and text == (
                 "Error executing tool nitro_validate: Unknown experiment 'Tinny'; registered experiments are: "
-                "CausalLM, Classifier, Regression. Use one of those names, or register yours with the 'nitro.experiments' "
+                "CausalLM, Classifier, HFCausalLM, Regression. Use one of those names, or register yours with the 'nitro.experiments' "
                 "entry-point group or --experiment-module when starting the server. The experiment module "
                 "'exps.py' failed to import and may define it: SyntaxError: invalid syntax (exps.py, line 8). "
                 f"{FIX}"
@@ -123,7 +125,14 @@ def test_a_dotted_module_imports_from_the_root_and_each_class_is_listed_once(tmp
             assert not err, listing
             names = [e["name"] for e in listing["experiments"]]
             # a class whose name is taken (the built-in Regression) keeps its module's prefix
-            assert names == ["CausalLM", "Classifier", "Regression", "Tiny", f"{name}.Regression"]
+            assert names == [
+                "CausalLM",
+                "Classifier",
+                "HFCausalLM",
+                "Regression",
+                "Tiny",
+                f"{name}.Regression",
+            ]
             assert listing["modules"][0]["experiments"] == ["Tiny", f"{name}.Regression"]
 
     anyio.run(main)
@@ -178,7 +187,12 @@ def test_a_bad_experiment_module_does_not_stop_nitro_serve(tmp_path):
          f"from the root {str(tmp_path)!r} or the server's environment, or a .py file inside the root, "
          "e.g. 'experiments.py'"),
     ]  # fmt: skip
-    assert [e["name"] for e in listing["experiments"]] == ["CausalLM", "Classifier", "Regression"]
+    assert [e["name"] for e in listing["experiments"]] == [
+        "CausalLM",
+        "Classifier",
+        "HFCausalLM",
+        "Regression",
+    ]
 
 
 def test_what_a_module_prints_at_import_goes_to_stderr(tmp_path, capsys):

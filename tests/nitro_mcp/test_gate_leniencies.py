@@ -49,27 +49,27 @@ FLAGS = [
      "(false: prune for real)."),
     ("nitro_stop", {"job_id": "x", "force": "maybe"},
      'force must be true or false (a JSON boolean), not the string "maybe": send {"force": true} or '
-     '{"force": false} (Kill at once instead of stopping after the epoch).'),
+     '{"force": false} (Kill now, not after the epoch).'),
     ("average", {"run_dir": "runs/x", "validate": "yes"},
      'validate must be true or false (a JSON boolean), not the string "yes": send {"validate": true} '
-     "(Also evaluate the average on split)."),
+     "(Also evaluate it on split)."),
     ("nitro_validate", {"experiment": "Regression", "load_ema": "true"},
      'load_ema must be true or false (a JSON boolean), not the string "true": send {"load_ema": true} '
-     "(Evaluate the checkpoint's EMA weights)."),
+     "(Evaluate its EMA weights)."),
     ("nitro_status", {"job_id": "x", "brief": 1},
      'brief must be true or false (a JSON boolean), not the number 1: send {"brief": true} (Only state, '
      "epoch, step, progress, last metrics, error and next)."),
     ("nitro_train", {"experiment": "Regression", "strict": "False"},
      'strict must be true or false (a JSON boolean), not the string "False": send {"strict": false} '
-     "(False: load weights by name, warning about the rest)."),
+     "(false: load weights by name, warn on the rest)."),
     ("nitro_train", {"experiment": "Regression", "after_running": "off"},
      'after_running must be true or false (a JSON boolean), not the string "off": send '
      '{"after_running": false} (When a job already trains run_dir: queue this one to start when it '
      "ends (false: refuse))."),
     ("nitro_train", {"experiment": "Regression", "restore_optimizer": []},
      "restore_optimizer must be true or false (a JSON boolean), not a list: send "
-     '{"restore_optimizer": true} or {"restore_optimizer": false} (With weights: also take its '
-     "optimizer state)."),
+     '{"restore_optimizer": true} or {"restore_optimizer": false} (With weights: its optimizer '
+     "state too)."),
     ("nitro_train", {"experiment": "Regression", "resume": "no"},
      'resume="no" is a string that spells a boolean, not a source: send {"resume": false} (a new run), '
      '{"resume": "auto"} (continue the latest record, or start fresh) or a source such as '

@@ -100,7 +100,7 @@ HOSTILE_CALLS = [
     ("nitro_train", {"experiment": "Regression", "device": "x" * 500},
      NOT_A_DEVICE.format(value=f"'{'x' * 80}…'")),
     ("nitro_train", {"experiment": "E" * 1000},
-     f"Unknown experiment '{'E' * 80}…'; registered experiments are: CausalLM, Classifier, Regression. Use one of those "
+     f"Unknown experiment '{'E' * 80}…'; registered experiments are: CausalLM, Classifier, HFCausalLM, Regression. Use one of those "
      "names, or register yours with the 'nitro.experiments' entry-point group or --experiment-module when "
      "starting the server."),
     ("nitro_train", {"experiment": "Regression", "overrides": {"k" * 500: 1}},

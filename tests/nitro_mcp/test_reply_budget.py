@@ -10,8 +10,16 @@ import os
 import anyio
 import pytest
 from mcp import Client
+from pydantic import BaseModel
 
 from nitro_core import Nitro, average_checkpoints
+from nitro_core.errors import (
+    WEIGHTS_ONLY,
+    CheckpointerFix,
+    CheckpointNotFound,
+    ConfigError,
+    ResumeRefused,
+)
 from nitro_core.examples import Regression
 from nitro_core.jobs import JobManager
 from nitro_core.jobs.call_models import TrainCall
@@ -147,9 +155,45 @@ def _keys(schema, key: str) -> int:
     return here + inner + (key in schema)
 
 
-def _any_of(wire: str, around_ref: bool = False) -> int:
-    """How many ``anyOf`` the listing holds (``around_ref``: whose first choice is a $ref)."""
-    return wire.count('"anyOf":[{"$ref":' if around_ref else '"anyOf":')
+def _any_of(wire: str) -> int:
+    """How many ``anyOf`` the listing holds."""
+    return wire.count('"anyOf":')
+
+
+class _Leaf(BaseModel):
+    value: int
+
+
+class _Shared(BaseModel):
+    """A model naming ``_Leaf`` twice (shared) and itself (recursive)."""
+
+    first: _Leaf
+    second: _Leaf | None = None
+    child: _Shared | None = None
+
+
+class _Once(BaseModel):
+    leaf: _Leaf | None = None
+
+
+def test_the_listing_writes_a_definition_in_place_only_when_one_place_names_it():
+    from nitro_mcp.replies import ListingSchema, OutputListingSchema
+
+    once = _Once.model_json_schema(schema_generator=ListingSchema)  # an argument: null by omission
+    assert once == {"properties": {"leaf": {"properties": {"value": {"type": "integer"}},
+                                            "required": ["value"], "type": "object"}},
+                    "type": "object"}  # fmt: skip
+    once = _Once.model_json_schema(schema_generator=OutputListingSchema)  # a reply: null written
+    assert once == {"properties": {"leaf": {"properties": {"value": {"type": "integer"}},
+                                            "type": ["object", "null"]}}, "type": "object"}  # fmt: skip
+    shared = _Shared.model_json_schema(schema_generator=OutputListingSchema)
+    assert set(shared["$defs"]) == {"_Leaf", "_Shared"}  # named twice; itself
+    assert shared["$ref"] == "#/$defs/_Shared"
+    top = shared["$defs"]["_Shared"]["properties"]
+    assert top["first"] == {"$ref": "#/$defs/_Leaf"}
+    assert top["second"] == {"anyOf": [{"$ref": "#/$defs/_Leaf"}, {"type": "null"}]}
+    assert top["child"] == {"anyOf": [{"$ref": "#/$defs/_Shared"}, {"type": "null"}]}
+    assert "required" not in json.dumps(shared)  # a reply holds every field
 
 
 def test_the_listing_carries_every_output_schema_within_its_budget_and_schemas_stay_complete(
@@ -175,16 +219,20 @@ def test_the_listing_carries_every_output_schema_within_its_budget_and_schemas_s
         )
         assert _keys([tool.input_schema, tool.output_schema], "title") == 0, tool.name
     status = next(t for t in listed if t.name == "nitro_status")
-    progress = status.output_schema["$defs"]["InEpochProgress"]  # nested models: shared $defs
+    # a nested model named in one place is written there (null among its types when optional)
+    progress = status.output_schema["properties"]["progress"]
+    assert progress["type"] == ["object", "null"]
     assert progress["properties"]["loss"] == {"type": ["number", "null"]}
-    # null is one more type or enum value; only a reference keeps anyOf
+    assert status.output_schema["properties"]["kept"]["items"]["properties"]["kept_by"] == {
+        "items": {"type": "string"}, "type": "array",
+    }  # fmt: skip
+    # null is one more type or enum value; no reply's model is named twice, so no anyOf
     assert status.output_schema["properties"]["kind"] == {
         "enum": ["train", "validate", "average", None]
     }
-    assert status.output_schema["properties"]["progress"] == {
-        "anyOf": [{"$ref": "#/$defs/InEpochProgress"}, {"type": "null"}]
-    }
-    assert _any_of(wire) == _any_of(wire, around_ref=True) > 0
+    assert _any_of(wire) == 0 and '"$ref"' not in wire and '"$defs"' not in wire
+    # every output schema says nothing of required fields: a reply holds each of its fields
+    assert all(_keys(t.output_schema, "required") == 0 for t in listed if t.output_schema)
     assert status.output_schema["properties"]["state"] == {
         "enum": ["queued", "running", "succeeded", "failed", "stopped", "lost"]
     }
@@ -311,7 +359,7 @@ ARGUMENT_REFUSALS = [
     ("nitro_jobs", {"limit": "ten"}, "limit='ten' is not an integer; send e.g. limit=20."),
     ("nitro_stop", {"job_id": "x", "force": "maybe"},
      'force must be true or false (a JSON boolean), not the string "maybe": send {"force": true} or '
-     '{"force": false} (Kill at once instead of stopping after the epoch).'),
+     '{"force": false} (Kill now, not after the epoch).'),
     ("nitro_status", {"job_id": "x", "wait_s": "soon"}, "wait_s='soon' is not a number; send e.g. wait_s=0."),
     ("nitro_train", {"experiment": "Regression", "overrides": "lr=0.1"},
      "overrides='lr=0.1' is not an object; send e.g. overrides={\"max_epochs\": 3}."),
@@ -331,36 +379,54 @@ def test_a_refused_argument_says_what_to_send(tmp_path, tool, args, message):
     assert result.is_error and _text(result) == f"Error executing tool {tool}: {message}"
 
 
-LIBRARY_PHRASINGS = [  # (tool, the library's message, as the tool's refusal writes it)
-    ("nitro_validate",
+def _options_refusal(**kw):
+    from nitro_core.training.options import check_options
+
+    args = dict(resume=None, weights=None, restore_optimizer=False, restore_best=False,
+                load_ema=False, strict=True)  # fmt: skip
+    with pytest.raises(ConfigError) as exc:
+        check_options(**{**args, **kw})
+    return exc.value
+
+
+LIBRARY_PHRASINGS = [  # (tool, the library's error, its text in Python, as the tool's refusal writes it)
+    ("nitro_validate", lambda: _options_refusal(load_ema=True),
      "load_ema=True loads the EMA copy of the checkpoint weights= names; write Nitro(exp, weights='latest => best', "
      "load_ema=True). A resume restores the EMA as the EMA already.",
      "load_ema=true loads the EMA copy of the checkpoint weights= names; write nitro_validate(..., "
      "weights='latest => best', load_ema=true). A resume restores the EMA as the EMA already."),
-    ("nitro_train",
-     "restore_best='x': write True (the run's best checkpoint), False, or an average such as Average(Last(10)) or "
+    ("nitro_train", lambda: _options_refusal(restore_best=3),
+     "restore_best=3: write True (the run's best checkpoint), False, or an average such as Average(Last(10)) or "
      "'Average(Last(10))'.",
-     "restore_best='x': send restore_best=true (the run's best checkpoint), false, or an average such as "
+     "restore_best=3: send restore_best=true (the run's best checkpoint), false, or an average such as "
      "'Average(Last(10))'."),
     ("nitro_validate",
+     lambda: CheckpointNotFound("No checkpoint matches 'latest => best' in runs/reg: run a1b2c3d4 has no entry "
+                                "scored by acc (max); it has loss (min) x4. Write ",
+                                CheckpointerFix("metric='loss', mode='min'"), " or rank by acc in a new run."),
      "No checkpoint matches 'latest => best' in runs/reg: run a1b2c3d4 has no entry scored by acc (max); it has "
      "loss (min) x4. Write Checkpointer(metric='loss', mode='min') or rank by acc in a new run.",
      "No checkpoint matches 'latest => best' in runs/reg: run a1b2c3d4 has no entry scored by acc (max); it has "
      "loss (min) x4. Write Checkpointer(metric='loss', mode='min') returned by the experiment's checkpointer() (a "
      "change to its module) or rank by acc in a new run."),
     ("nitro_train",
+     lambda: ResumeRefused("Strict resume refused: start a new run that takes only the weights: ", WEIGHTS_ONLY, "."),
      "Strict resume refused: start a new run that takes only the weights: Nitro(exp, weights=...).",
      "Strict resume refused: start a new run that takes only the weights: nitro_train(..., weights=...)."),
-    ("nitro_train", "strict=False loads leaves by name. Drop strict=False to resume.",
-     "strict=false loads leaves by name. Drop strict=false to resume."),
+    ("nitro_train", lambda: _options_refusal(resume="auto", strict=False),
+     "strict=False loads leaves by name, which cannot continue a run exactly. Drop strict=False to resume, or start "
+     "a new run with weights=..., strict=False.",
+     "strict=false loads leaves by name, which cannot continue a run exactly. Drop strict=false to resume, or start "
+     "a new run with weights=..., strict=false."),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("tool", "library", "sent"), LIBRARY_PHRASINGS)
-def test_the_library_s_python_advice_is_written_as_tool_arguments(tool, library, sent):
-    from nitro_mcp.phrasing import for_tool
+@pytest.mark.parametrize(("tool", "error", "python", "sent"), LIBRARY_PHRASINGS)
+def test_the_library_s_python_advice_is_written_as_tool_arguments(tool, error, python, sent):
+    from nitro_mcp.refusals import for_tool
 
-    assert for_tool(library, tool) == sent
+    exc = error()
+    assert (str(exc), for_tool(exc, tool)) == (python, sent)
 
 
 def test_shrink_keeps_both_ends_of_a_long_list_and_says_what_it_left_out():
@@ -387,13 +453,13 @@ def test_a_compact_reply_writes_a_nan_metric_as_null_in_text_and_structure():
 
 
 def test_a_long_refusal_keeps_what_failed_and_what_to_send():
-    from nitro_mcp.phrasing import for_tool
+    from nitro_mcp.refusals import for_tool
 
     listing = "; ".join(
         f"{r:08x} (300 entries, epochs {', '.join(map(str, range(1, 301)))})" for r in range(10)
     )
     text = f"No run 'deadbeef' in 'runs/big'; it holds runs {listing}. Write one of those run ids."
-    sent = for_tool(text, "nitro_validate")
+    sent = for_tool(CheckpointNotFound(text), "nitro_validate")
     assert len(sent) < REPLY_MAX
     assert sent.startswith(
         "No run 'deadbeef' in 'runs/big'; it holds runs 00000000 (300 entries, epochs 1, 2,"

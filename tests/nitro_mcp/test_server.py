@@ -44,7 +44,7 @@ def test_every_tool_is_listed_with_input_and_output_schemas(tmp_path, mode):
             err, exps = await call(client, "nitro_experiments")
             assert not err
             by_name = {e["name"]: e for e in exps["experiments"]}
-            assert set(by_name) == {"CausalLM", "Classifier", "Regression"}
+            assert set(by_name) == {"CausalLM", "Classifier", "HFCausalLM", "Regression"}
             fields = {f["name"]: f for f in by_name["Classifier"]["fields"]}
             assert fields["max_epochs"] == {
                 "name": "max_epochs",

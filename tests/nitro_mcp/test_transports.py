@@ -92,4 +92,9 @@ def test_http_requires_the_bearer_token(http_server):
 
     names, err, exps = anyio.run(main)
     assert "nitro_train" in names and not err
-    assert {e["name"] for e in exps["experiments"]} == {"CausalLM", "Classifier", "Regression"}
+    assert {e["name"] for e in exps["experiments"]} == {
+        "CausalLM",
+        "Classifier",
+        "HFCausalLM",
+        "Regression",
+    }

@@ -1,0 +1,308 @@
+"""A real Slurm cluster of N nodes on 127.0.0.1, for tests and for trying the Slurm executor
+on one machine: ``python -m nitro_core.jobs.slurm_local up|down|status [--nodes N] [--dir D]``.
+
+It runs Debian's own daemons (installing ``slurmctld slurmd slurm-client munge`` with apt
+when they are missing and this is root): one ``munged`` and one ``slurmctld`` on private
+sockets and ports, and one ``slurmd -N n<i>`` per node, each on its own port (Slurm's
+several-daemons-per-host mode). Everything it writes lives under its directory (default
+``$NITRO_SLURM_DIR``, else ``/tmp/nitro-slurm``): ``slurm.conf``, the munge key, the
+daemons' state, spool, logs and ``daemons.json`` (each daemon's pid and process start time).
+``down`` stops only those daemons, by pid, after checking each still is the process it
+started. The cluster's clients find it through ``SLURM_CONF=<dir>/slurm.conf`` (``up``
+prints the line to export; :func:`environment` gives it to a process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nitro_core.jobs.files import process_start
+
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo")
+PARTITION = "debug"
+READY_S = 60.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running local cluster: its directory, nodes and partition."""
+
+    directory: Path
+    nodes: int
+    partition: str = PARTITION
+
+    @property
+    def conf(self) -> Path:
+        return self.directory / "slurm.conf"
+
+    def environment(self) -> dict[str, str]:
+        """The environment a Slurm client needs to reach this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("NITRO_SLURM_DIR", "/tmp/nitro-slurm"))
+
+
+def missing_binaries() -> list[str]:
+    sbin = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
+    return [b for b in BINARIES if shutil.which(b, path=sbin) is None]
+
+
+def install() -> None:
+    """Install Debian's Slurm and munge packages when missing (root only)."""
+    if not missing_binaries():
+        return
+    if os.geteuid() != 0:
+        raise RuntimeError(
+            f"Slurm is not installed ({', '.join(missing_binaries())} missing) and this is not "
+            f"root; run: sudo apt-get install -y {' '.join(PACKAGES)}"
+        )
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    apt = ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]
+    if subprocess.run(apt, env=env, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=True)
+        subprocess.run(apt, env=env, capture_output=True, check=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sbin(name: str) -> str:
+    found = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+    assert found is not None, name  # install() ran
+    return found
+
+
+def _config(directory: Path, nodes: int, cpus: int) -> str:
+    d = directory
+    ctl, *ports = (_free_port() for _ in range(nodes + 1))
+    lines = [
+        "ClusterName=nitro",
+        "SlurmctldHost=localhost(127.0.0.1)",
+        f"SlurmctldPort={ctl}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={d / 'munge' / 'munge.socket'}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={d / 'state'}",
+        f"SlurmdSpoolDir={d / 'spool'}/%n",
+        f"SlurmctldPidFile={d / 'run' / 'slurmctld.pid'}",
+        f"SlurmdPidFile={d / 'run'}/slurmd-%n.pid",
+        f"SlurmctldLogFile={d / 'log' / 'slurmctld.log'}",
+        f"SlurmdLogFile={d / 'log'}/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SwitchType=switch/none",
+        "MpiDefault=none",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SlurmdParameters=config_overrides",
+        "ReturnToService=2",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "MinJobAge=300",
+        "KillWait=10",
+        "InactiveLimit=0",
+        "SlurmctldTimeout=30",
+        "SlurmdTimeout=30",
+    ]
+    names = [f"n{i + 1}" for i in range(nodes)]
+    for name, port in zip(names, ports, strict=True):
+        lines.append(
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
+            f"CPUs={cpus} RealMemory=1000 State=UNKNOWN"
+        )
+    lines.append(
+        f"PartitionName={PARTITION} Nodes={','.join(names)} Default=YES MaxTime=INFINITE "
+        "State=UP OverSubscribe=FORCE:4"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _spawn(argv: list[str], log: Path) -> dict[str, object]:
+    with open(log, "ab") as out:
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    time.sleep(0.05)
+    return {"argv": argv, "pid": child.pid, "start": process_start(child.pid)}
+
+
+def _daemons_file(directory: Path) -> Path:
+    return directory / "daemons.json"
+
+
+def _running(daemon: dict[str, object]) -> bool:
+    pid = daemon["pid"]
+    assert isinstance(pid, int)
+    return process_start(pid) is not None and process_start(pid) == daemon["start"]
+
+
+def up(nodes: int = 2, directory: Path | None = None, cpus: int | None = None) -> Cluster:
+    """Start the cluster (installing Slurm when root and missing); returns once every node
+    is idle in ``sinfo``. A cluster already up in ``directory`` is returned as it is."""
+    directory = (directory or default_dir()).resolve()
+    cluster = Cluster(directory, nodes)
+    if _daemons_file(directory).exists():
+        daemons = json.loads(_daemons_file(directory).read_text())
+        if daemons and all(_running(d) for d in daemons):
+            _wait_idle(cluster)
+            return cluster
+        down(directory)
+    install()
+    for sub in ("munge", "state", "spool", "run", "log"):
+        (directory / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(directory / "munge", 0o700)
+    key = directory / "munge" / "munge.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+    cpus = cpus or max(os.cpu_count() or 1, 2)
+    cluster.conf.write_text(_config(directory, nodes, cpus))
+    env_conf = ["-f", str(cluster.conf)]
+    munge = directory / "munge"
+    daemons = [
+        _spawn(
+            [
+                _sbin("munged"),
+                "-F",
+                "--force",
+                f"--socket={munge / 'munge.socket'}",
+                f"--key-file={key}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={directory / 'log' / 'munged.log'}",
+                f"--seed-file={munge / 'seed'}",
+            ],
+            directory / "log" / "munged.out",
+        )  # fmt: skip
+    ]
+    _wait_for(lambda: (munge / "munge.socket").exists(), "munged's socket", directory)
+    daemons.append(
+        _spawn([_sbin("slurmctld"), "-D", "-i", *env_conf], directory / "log" / "slurmctld.out")
+    )
+    _daemons_file(directory).write_text(json.dumps(daemons))
+    for i in range(nodes):
+        name = f"n{i + 1}"
+        daemons.append(
+            _spawn(
+                [_sbin("slurmd"), "-D", "-N", name, *env_conf],
+                directory / "log" / f"slurmd-{name}.out",
+            )
+        )
+        _daemons_file(directory).write_text(json.dumps(daemons))
+    _wait_idle(cluster)
+    return cluster
+
+
+def _wait_for(ready: object, what: str, directory: Path, limit: float = READY_S) -> None:
+    assert callable(ready)
+    deadline = time.monotonic() + limit
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"The local Slurm cluster did not get {what} within {limit:.0f} s; its logs are "
+                f"in {str(directory / 'log')!r}."
+            )
+        time.sleep(0.2)
+
+
+def node_states(cluster: Cluster) -> dict[str, str]:
+    """Each node's state as ``sinfo`` says (empty when slurmctld does not answer)."""
+    done = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%N %T"], env=cluster.environment(), capture_output=True,
+        text=True, timeout=20,
+    )  # fmt: skip
+    if done.returncode != 0:
+        return {}
+    return dict(line.split(None, 1) for line in done.stdout.split("\n") if line.strip())
+
+
+def _wait_idle(cluster: Cluster) -> None:
+    def idle() -> bool:
+        states = node_states(cluster)
+        return len(states) == cluster.nodes and all(
+            s.rstrip("*~#") in ("idle", "mixed", "allocated") for s in states.values()
+        )
+
+    _wait_for(idle, f"{cluster.nodes} idle nodes", cluster.directory)
+
+
+def down(directory: Path | None = None) -> list[int]:
+    """Stop the daemons ``up`` started in ``directory`` (only those, by pid, each checked to
+    be the same process); returns the pids stopped."""
+    directory = (directory or default_dir()).resolve()
+    path = _daemons_file(directory)
+    if not path.exists():
+        return []
+    stopped = []
+    for daemon in reversed(json.loads(path.read_text())):  # the nodes first, munged last
+        if not _running(daemon):
+            continue
+        pid = int(daemon["pid"])
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while _running(daemon) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _running(daemon):
+            os.kill(pid, signal.SIGKILL)
+        stopped.append(pid)
+    path.unlink()
+    return stopped
+
+
+def status(directory: Path | None = None) -> dict[str, object]:
+    """Which of the daemons are running, and the nodes' states."""
+    directory = (directory or default_dir()).resolve()
+    path = _daemons_file(directory)
+    daemons = json.loads(path.read_text()) if path.exists() else []
+    running = [d for d in daemons if _running(d)]
+    nodes = sum(1 for d in daemons if "slurmd" in str(d["argv"][0]))
+    states = node_states(Cluster(directory, nodes)) if running else {}
+    return {
+        "directory": str(directory),
+        "daemons": [
+            {"name": Path(str(d["argv"][0])).name, "pid": d["pid"], "running": d in running}
+            for d in daemons
+        ],  # fmt: skip
+        "nodes": states,
+        "SLURM_CONF": str(directory / "slurm.conf"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nitro_core.jobs.slurm_local")
+    parser.add_argument("action", choices=("up", "down", "status"))
+    parser.add_argument("--nodes", type=int, default=2, help="nodes of the cluster (up)")
+    parser.add_argument("--dir", type=Path, default=None, help="its directory")
+    args = parser.parse_args(argv)
+    if args.action == "up":
+        cluster = up(args.nodes, args.dir)
+        print(f"export SLURM_CONF={cluster.conf}")
+    elif args.action == "down":
+        print(f"stopped {len(down(args.dir))} daemons")
+    else:
+        print(json.dumps(status(args.dir), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

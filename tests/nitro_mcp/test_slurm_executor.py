@@ -1,0 +1,270 @@
+"""``nitro_train(..., executor="slurm")`` on a real Slurm cluster of two nodes on 127.0.0.1
+(:mod:`nitro_core.jobs.slurm_local`, started once for the module, stopped at its end):
+followed from queued to its end, stopped gracefully and by force, lost when cancelled from
+outside, resumed bit for bit, budgeted, across two nodes, and refused when the cluster
+cannot take it. The cluster keeps no accounting (no slurmdbd), so every state here comes
+through the squeue/scontrol fallback, which the status names."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import anyio
+import pytest
+import torch
+from mcp import Client
+
+from nitro_core import Nitro, read_manifest
+from nitro_core.jobs import slurm_local
+from nitro_core.jobs.files import job_dir
+from nitro_core.store import recordio as store
+from nitro_mcp.server import build_server
+from tests.nitro_mcp.conftest import call, wait_done
+
+pytestmark = pytest.mark.slow  # a real cluster: daemons, sbatch, srun
+SLOW = ("tests.nitro_mcp.slow_experiment",)
+FAST = {"max_epochs": 3, "samples": 64}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A two-node cluster (Slurm installed first when root and missing)."""
+    started = slurm_local.up(2, tmp_path_factory.mktemp("slurm"))
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(started.conf)
+    yield started
+    slurm_local.down(started.directory)
+    if before is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = before
+
+
+def _server(root, **kw):
+    return Client(build_server(root, executor="slurm", experiment_modules=SLOW, **kw))
+
+
+async def _until(client, job_id, check, limit=180):
+    """nitro_status until ``check(status)``; every state seen, in order."""
+    seen = []
+    with anyio.fail_after(limit):
+        while True:
+            err, status = await call(client, "nitro_status", job_id=job_id, wait_s=1)
+            assert not err, status
+            if not seen or seen[-1] != status["state"]:
+                seen.append(status["state"])
+            if check(status):
+                return status, seen
+            await anyio.sleep(0.2)
+
+
+def _tensors(run_dir, entry):
+    tensors, _ = store.read_record(run_dir / entry.file)
+    return tensors
+
+
+def test_a_slurm_job_goes_queued_running_succeeded_and_names_its_state_source(cluster, tmp_path):
+    async def main():
+        async with _server(tmp_path) as client:
+            err, job = await call(client, "nitro_train", experiment="Regression", overrides=FAST)
+            assert not err, job
+            assert job["state"] == "queued"
+            end, seen = await _until(client, job["job_id"], lambda s: s["state"] == "succeeded")
+            return job, end, seen
+
+    job, end, seen = anyio.run(main)
+    assert seen[0] == "queued" and seen[-1] == "succeeded", seen
+    assert end["cluster"]["executor"] == "slurm" and end["cluster"]["slurm_id"].isdigit()
+    assert end["cluster"]["engine"]["source"] in ("squeue", "scontrol")  # no slurmdbd here
+    events = [json.loads(line)["event"] for line in
+              (job_dir(tmp_path, job["job_id"]) / "events.jsonl").read_text().splitlines()]  # fmt: skip
+    assert events[:3] == ["queued", "submitted", "started"] and events[-1] == "succeeded"
+    assert end["result"]["stop_reason"] == "completed"
+
+
+def test_graceful_stop_writes_its_record_and_resume_auto_ends_bitwise_equal(cluster, tmp_path):
+    overrides = {"max_epochs": 4, "step_s": 0.05}
+
+    async def main():
+        async with _server(tmp_path) as client:
+            err, job = await call(client, "nitro_train", experiment="SlowSteps",
+                                  overrides=overrides)  # fmt: skip
+            assert not err, job
+            await _until(
+                client, job["job_id"], lambda s: s["state"] == "running" and s["epoch"] >= 1
+            )
+            err, _ = await call(client, "nitro_stop", job_id=job["job_id"])
+            assert not err
+            stopped = await wait_done(client, job["job_id"])
+            err, again = await call(client, "nitro_train", experiment="SlowSteps",
+                                    overrides=overrides, resume="auto")  # fmt: skip
+            assert not err, again
+            return stopped, await wait_done(client, again["job_id"])
+
+    stopped, resumed = anyio.run(main)
+    assert stopped["state"] == "stopped" and stopped["result"]["stop_reason"] == "requested"
+    assert resumed["state"] == "succeeded", resumed
+    assert resumed["result"]["run_id"] == stopped["result"]["run_id"]
+    from tests.nitro_mcp.slow_experiment import SlowSteps
+
+    local = Nitro(SlowSteps(max_epochs=4, step_s=0.0), run_dir=tmp_path / "local").train()
+    run_dir = tmp_path / "runs" / "SlowSteps"
+    last = read_manifest(run_dir)[-1]
+    assert last.epoch == 4
+    mine = _tensors(run_dir, last)
+    theirs = _tensors(tmp_path / "local", read_manifest(tmp_path / "local")[-1])
+    model = [k for k in mine if k.startswith("params/")]
+    assert model and all(torch.equal(mine[k], theirs[k]) for k in model)
+    assert local.step == last.step
+
+
+def test_force_stop_kills_the_job_through_scancel(cluster, tmp_path):
+    async def main():
+        async with _server(tmp_path) as client:
+            err, job = await call(client, "nitro_train", experiment="SlowSteps",
+                                  overrides={"max_epochs": 50, "step_s": 0.1})  # fmt: skip
+            assert not err, job
+            running, _ = await _until(client, job["job_id"], lambda s: s["phase"] == "training")
+            err, reply = await call(client, "nitro_stop", job_id=job["job_id"], force=True)
+            assert not err, reply
+            return running, await wait_done(client, job["job_id"])
+
+    running, end = anyio.run(main)
+    assert end["state"] == "stopped" and end["phase"] == "killed", end
+    slurm_id = end["cluster"]["slurm_id"]
+    env = cluster.environment()
+
+    def gone():
+        out = subprocess.run(["squeue", "-h", "-j", slurm_id, "-o", "%T"], env=env,
+                             capture_output=True, text=True).stdout.strip()  # fmt: skip
+        return out in ("", "COMPLETED", "CANCELLED", "FAILED")
+
+    async def wait_gone():
+        with anyio.fail_after(60):
+            while not gone():
+                await anyio.sleep(0.2)
+
+    anyio.run(wait_gone)
+
+
+def test_scancel_from_outside_stops_the_run_at_its_next_point_with_its_record(cluster, tmp_path):
+    async def main():
+        async with _server(tmp_path) as client:
+            err, job = await call(client, "nitro_train", experiment="SlowSteps",
+                                  overrides={"max_epochs": 50, "step_s": 0.05})  # fmt: skip
+            assert not err, job
+            running, _ = await _until(client, job["job_id"], lambda s: s["epoch"] >= 1)
+            subprocess.run(["scancel", running["cluster"]["slurm_id"]],
+                           env=cluster.environment(), check=True)  # fmt: skip
+            return await wait_done(client, job["job_id"], limit=60)
+
+    end = anyio.run(main)
+    assert end["state"] == "stopped", end  # Slurm's SIGTERM: a graceful stop at the next point
+    last = read_manifest(tmp_path / "runs" / "SlowSteps")[-1]
+    assert last.stop_reason == "requested" and last.epoch == end["epoch"]
+
+
+def test_a_worker_killed_on_its_node_is_reported_lost_with_the_last_record(cluster, tmp_path):
+    async def main():
+        async with _server(tmp_path) as client:
+            err, job = await call(client, "nitro_train", experiment="SlowSteps",
+                                  overrides={"max_epochs": 50, "step_s": 0.05})  # fmt: skip
+            assert not err, job
+            await _until(client, job["job_id"], lambda s: s["epoch"] >= 1)
+            pid = json.loads((job_dir(tmp_path, job["job_id"]) / "status.json").read_text())["pid"]
+            os.kill(pid, signal.SIGKILL)  # the node's worker dies: the allocation ends with it
+            end, _ = await _until(client, job["job_id"], lambda s: s["state"] == "lost", limit=60)
+            return end
+
+    end = anyio.run(main)
+    last = read_manifest(tmp_path / "runs" / "SlowSteps")[-1].file
+    assert f"its last committed record is {last!r}" in end["error"], end["error"]
+    assert end["error"].startswith(f"Slurm job {end['cluster']['slurm_id']} ended (")
+
+
+def test_a_step_budget_on_slurm_stops_with_budget_and_resumes(cluster, tmp_path):
+    async def main():
+        async with _server(tmp_path) as client:
+            err, job = await call(client, "nitro_train", experiment="Regression",
+                                  overrides={"max_epochs": 3, "samples": 256}, max_steps=5,
+                                  time_limit=600)  # fmt: skip
+            assert not err, job
+            return await wait_done(client, job["job_id"])
+
+    end = anyio.run(main)
+    assert end["state"] == "stopped" and end["result"]["stop_reason"] == "budget", end
+    script = (job_dir(tmp_path, end["job_id"]) / "job.sbatch").read_text()
+    assert "#SBATCH --time=13\n" in script  # ceil((600 * 1.1 + 120) / 60) minutes: a fallback
+    assert read_manifest(tmp_path / "runs" / "Regression")[-1].stop_reason == "budget"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_nodes_of_one_process_equal_one_node_of_two(cluster, tmp_path, strategy):
+    async def main():
+        async with _server(tmp_path) as client:
+            out = {}
+            for name, nodes, nproc in (("two_nodes", 2, 1), ("one_node", 1, 2)):
+                err, job = await call(client, "nitro_train", experiment="Regression",
+                                      overrides=FAST, run_dir=f"runs/{name}", nodes=nodes,
+                                      nproc=nproc, strategy=strategy)  # fmt: skip
+                assert not err, job
+                out[name] = await wait_done(client, job["job_id"], limit=400)
+                assert out[name]["state"] == "succeeded", out[name]
+            return out
+
+    anyio.run(main)
+    entries = {name: read_manifest(tmp_path / "runs" / name) for name in ("two_nodes", "one_node")}
+    assert [(e.epoch, e.step) for e in entries["two_nodes"]] == [
+        (e.epoch, e.step) for e in entries["one_node"]
+    ]  # one manifest entry per record in both
+    a = _read(tmp_path / "runs" / "two_nodes", entries["two_nodes"][-1])
+    b = _read(tmp_path / "runs" / "one_node", entries["one_node"][-1])
+    params = [k for k in a if k.startswith("params/")]
+    assert params and a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in params)
+
+
+def _read(run_dir, entry):
+    return _tensors(run_dir, entry)  # a file, or an FSDP record directory read as one
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        ({"slurm": {"partition": "gpu"}}, "slurm partition 'gpu' is not one of this cluster's: "
+         "debug. Send slurm={'partition': 'debug'} (sinfo lists them)."),
+        ({"nodes": 3}, "nodes=3 is more nodes than partition 'debug' has (2). Send nodes from 1 "
+         "to 2, e.g. nodes=2."),
+        ({"slurm": {"extra": ["--output=/tmp/x"]}}, "slurm.extra line '--output=/tmp/x' is not "
+         "an sbatch option Nitro passes on"),
+        ({"executor": "local", "nodes": 2}, "nodes=2 runs on a cluster: send executor='slurm' "
+         "with it"),
+    ],
+)  # fmt: skip
+def test_what_the_cluster_cannot_take_is_refused_at_the_call(cluster, tmp_path, args, text):
+    async def main():
+        async with _server(tmp_path) as client:
+            return await call(client, "nitro_train", experiment="Regression", **args)
+
+    err, reply = anyio.run(main)
+    assert err and text in reply, reply
+    assert not (tmp_path / ".nitro" / "jobs").exists() or not any(
+        (tmp_path / ".nitro" / "jobs").iterdir()
+    )
+
+
+def test_no_sbatch_on_the_path_is_refused_with_what_to_send(cluster, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm client here
+
+    async def main():
+        async with _server(tmp_path) as client:
+            return await call(client, "nitro_train", experiment="Regression")
+
+    err, reply = anyio.run(main)
+    assert err and reply.endswith(
+        "executor='slurm' needs Slurm's sbatch on the server's PATH, and there is none. Send "
+        "executor='local', or start the server where sbatch runs (a login node); to try on one "
+        "machine: python -m nitro_core.jobs.slurm_local up."
+    ), reply
