@@ -32,7 +32,6 @@ from nitro_core.store import hf
 from nitro_core.training.from_record import RecordConfig, build_from_config
 
 
-
 @dataclass(frozen=True)
 class ConfigFix:
     """What a caller can write instead when export_hf finds no config for a recorded source:

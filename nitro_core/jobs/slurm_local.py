@@ -30,6 +30,8 @@ from nitro_core.jobs.files import process_start
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo")
+ACCOUNTING_PACKAGES = ("slurmdbd", "mariadb-server")  # with --accounting: sacct's states
+ACCOUNTING_BINARIES = ("slurmdbd", "mariadbd", "mariadb-install-db", "mariadb", "sacctmgr")
 PARTITION = "debug"
 READY_S = 60.0
 
@@ -41,6 +43,7 @@ class Cluster:
     directory: Path
     nodes: int
     partition: str = PARTITION
+    accounting: bool = False  # slurmdbd (on its own MariaDB) keeps the jobs for sacct
 
     @property
     def conf(self) -> Path:
@@ -55,22 +58,31 @@ def default_dir() -> Path:
     return Path(os.environ.get("NITRO_SLURM_DIR", "/tmp/nitro-slurm"))
 
 
-def missing_binaries() -> list[str]:
+def missing_binaries(accounting: bool = False) -> list[str]:
+    """The programs the cluster needs that are on neither ``PATH`` nor ``/usr/sbin``."""
     sbin = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin"
-    return [b for b in BINARIES if shutil.which(b, path=sbin) is None]
+    wanted = BINARIES + (ACCOUNTING_BINARIES if accounting else ())
+    return [b for b in wanted if shutil.which(b, path=sbin) is None]
 
 
-def install() -> None:
-    """Install Debian's Slurm and munge packages when missing (root only)."""
-    if not missing_binaries():
+class NotInstalled(RuntimeError):
+    """Slurm (or, with accounting, slurmdbd and MariaDB) is missing and this is not root."""
+
+
+def install(accounting: bool = False) -> None:
+    """Install Debian's Slurm and munge packages (with ``accounting``, slurmdbd and MariaDB
+    too) when any of their programs is missing; only root can."""
+    missing = missing_binaries(accounting)
+    if not missing:
         return
+    packages = PACKAGES + (ACCOUNTING_PACKAGES if accounting else ())
     if os.geteuid() != 0:
-        raise RuntimeError(
-            f"Slurm is not installed ({', '.join(missing_binaries())} missing) and this is not "
-            f"root; run: sudo apt-get install -y {' '.join(PACKAGES)}"
+        raise NotInstalled(
+            f"Slurm is not installed ({', '.join(missing)} missing) and this is not "
+            f"root; run: sudo apt-get install -y {' '.join(packages)}"
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    apt = ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES]
+    apt = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
     if subprocess.run(apt, env=env, capture_output=True).returncode != 0:
         subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=True)
         subprocess.run(apt, env=env, capture_output=True, check=True)
@@ -88,9 +100,15 @@ def _sbin(name: str) -> str:
     return found
 
 
-def _config(directory: Path, nodes: int, cpus: int) -> str:
+def _config(directory: Path, nodes: int, cpus: int, dbd_port: int | None = None) -> str:
     d = directory
     ctl, *ports = (_free_port() for _ in range(nodes + 1))
+    storage = (
+        ["AccountingStorageType=accounting_storage/none"]
+        if dbd_port is None
+        else ["AccountingStorageType=accounting_storage/slurmdbd",
+              "AccountingStorageHost=localhost", f"AccountingStoragePort={dbd_port}"]
+    )  # fmt: skip
     lines = [
         "ClusterName=nitro",
         "SlurmctldHost=localhost(127.0.0.1)",
@@ -116,7 +134,7 @@ def _config(directory: Path, nodes: int, cpus: int) -> str:
         "SlurmdParameters=config_overrides",
         "ReturnToService=2",
         "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
+        *storage,
         "JobCompType=jobcomp/none",
         "MinJobAge=300",
         "KillWait=10",
@@ -137,11 +155,11 @@ def _config(directory: Path, nodes: int, cpus: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _spawn(argv: list[str], log: Path) -> dict[str, object]:
+def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> dict[str, object]:
     with open(log, "ab") as out:
         child = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )  # fmt: skip
     time.sleep(0.05)
     return {"argv": argv, "pid": child.pid, "start": process_start(child.pid)}
@@ -157,18 +175,25 @@ def _running(daemon: dict[str, object]) -> bool:
     return process_start(pid) is not None and process_start(pid) == daemon["start"]
 
 
-def up(nodes: int = 2, directory: Path | None = None, cpus: int | None = None) -> Cluster:
+def up(
+    nodes: int = 2,
+    directory: Path | None = None,
+    cpus: int | None = None,
+    accounting: bool = False,
+) -> Cluster:
     """Start the cluster (installing Slurm when root and missing); returns once every node
-    is idle in ``sinfo``. A cluster already up in ``directory`` is returned as it is."""
+    is idle in ``sinfo``. With ``accounting``, a MariaDB server and ``slurmdbd`` of its own
+    keep the jobs, so ``sacct`` answers. A cluster already up in ``directory`` is returned
+    as it is."""
     directory = (directory or default_dir()).resolve()
-    cluster = Cluster(directory, nodes)
+    cluster = Cluster(directory, nodes, accounting=accounting)
     if _daemons_file(directory).exists():
         daemons = json.loads(_daemons_file(directory).read_text())
         if daemons and all(_running(d) for d in daemons):
             _wait_idle(cluster)
             return cluster
         down(directory)
-    install()
+    install(accounting)
     for sub in ("munge", "state", "spool", "run", "log"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(directory / "munge", 0o700)
@@ -177,7 +202,8 @@ def up(nodes: int = 2, directory: Path | None = None, cpus: int | None = None) -
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
     cpus = cpus or max(os.cpu_count() or 1, 2)
-    cluster.conf.write_text(_config(directory, nodes, cpus))
+    dbd_port = _free_port() if accounting else None
+    cluster.conf.write_text(_config(directory, nodes, cpus, dbd_port))
     env_conf = ["-f", str(cluster.conf)]
     munge = directory / "munge"
     daemons = [
@@ -196,6 +222,10 @@ def up(nodes: int = 2, directory: Path | None = None, cpus: int | None = None) -
         )  # fmt: skip
     ]
     _wait_for(lambda: (munge / "munge.socket").exists(), "munged's socket", directory)
+    _daemons_file(directory).write_text(json.dumps(daemons))
+    if dbd_port is not None:
+        daemons += _start_accounting(cluster, dbd_port)
+        _daemons_file(directory).write_text(json.dumps(daemons))
     daemons.append(
         _spawn([_sbin("slurmctld"), "-D", "-i", *env_conf], directory / "log" / "slurmctld.out")
     )
@@ -211,6 +241,59 @@ def up(nodes: int = 2, directory: Path | None = None, cpus: int | None = None) -
         _daemons_file(directory).write_text(json.dumps(daemons))
     _wait_idle(cluster)
     return cluster
+
+
+def _start_accounting(cluster: Cluster, dbd_port: int) -> list[dict[str, object]]:
+    """A MariaDB server on a private socket and port, a database user for slurmdbd, and
+    slurmdbd itself (its config beside slurm.conf, where it looks); the cluster registered."""
+    d = cluster.directory
+    db = d / "db"
+    if not (db / "mysql").exists():
+        subprocess.run(
+            [_sbin("mariadb-install-db"), "--no-defaults", f"--datadir={db}", "--user=root",
+             "--auth-root-authentication-method=normal", "--skip-test-db"],
+            capture_output=True, check=True, timeout=120,
+        )  # fmt: skip
+    sock, db_port = d / "run" / "mysqld.sock", _free_port()
+    mariadb = _spawn(
+        [_sbin("mariadbd"), "--no-defaults", f"--datadir={db}", f"--socket={sock}",
+         f"--port={db_port}", "--bind-address=127.0.0.1", "--user=root",
+         f"--pid-file={d / 'run' / 'mysqld.pid'}", f"--log-error={d / 'log' / 'mysqld.log'}",
+         "--innodb-buffer-pool-size=32M", "--skip-log-bin"],
+        d / "log" / "mysqld.out",
+    )  # fmt: skip
+    _wait_for(lambda: sock.exists(), "MariaDB's socket", d)
+    grant = ("CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
+             "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'nitro'; "
+             "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")  # fmt: skip
+    subprocess.run(
+        [_sbin("mariadb"), "--no-defaults", f"--socket={sock}", "-uroot", "-e", grant],
+        capture_output=True, check=True, timeout=60,
+    )  # fmt: skip
+    conf = d / "slurmdbd.conf"  # slurmdbd reads it from slurm.conf's directory
+    conf.write_text("\n".join([
+        "AuthType=auth/munge", f"AuthInfo=socket={d / 'munge' / 'munge.socket'}",
+        "DbdHost=localhost", "DbdAddr=127.0.0.1", f"DbdPort={dbd_port}", "SlurmUser=root",
+        "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1",
+        f"StoragePort={db_port}", "StorageUser=slurm", "StoragePass=nitro",
+        "StorageLoc=slurm_acct_db", f"PidFile={d / 'run' / 'slurmdbd.pid'}",
+        f"LogFile={d / 'log' / 'slurmdbd.log'}", "",
+    ]))  # fmt: skip
+    conf.chmod(0o600)
+    dbd = _spawn([_sbin("slurmdbd"), "-D"], d / "log" / "slurmdbd.out", cluster.environment())
+    _wait_for(lambda: _listening(dbd_port), "slurmdbd listening", d)
+    subprocess.run(
+        ["sacctmgr", "-i", "add", "cluster", "nitro"],
+        env=cluster.environment(),
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip  (an existing cluster is no error here)
+    return [mariadb, dbd]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _wait_for(ready: object, what: str, directory: Path, limit: float = READY_S) -> None:
@@ -275,7 +358,7 @@ def status(directory: Path | None = None) -> dict[str, object]:
     path = _daemons_file(directory)
     daemons = json.loads(path.read_text()) if path.exists() else []
     running = [d for d in daemons if _running(d)]
-    nodes = sum(1 for d in daemons if "slurmd" in str(d["argv"][0]))
+    nodes = sum(1 for d in daemons if Path(str(d["argv"][0])).name == "slurmd")
     states = node_states(Cluster(directory, nodes)) if running else {}
     return {
         "directory": str(directory),
@@ -293,9 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("up", "down", "status"))
     parser.add_argument("--nodes", type=int, default=2, help="nodes of the cluster (up)")
     parser.add_argument("--dir", type=Path, default=None, help="its directory")
+    parser.add_argument("--accounting", action="store_true",
+                        help="also slurmdbd on a MariaDB of its own, so sacct answers (up)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.action == "up":
-        cluster = up(args.nodes, args.dir)
+        cluster = up(args.nodes, args.dir, accounting=args.accounting)
         print(f"export SLURM_CONF={cluster.conf}")
     elif args.action == "down":
         print(f"stopped {len(down(args.dir))} daemons")

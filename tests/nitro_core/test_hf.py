@@ -6,10 +6,14 @@ nothing is downloaded."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +25,7 @@ from nitro_core.errors import CheckpointNotFound
 from nitro_core.examples import HFCausalLM, Regression
 from nitro_core.sources.grammar import HFDirectory
 from nitro_core.store.atomic import PublishDirectory
-from nitro_core.store.hf import parse_size
+from nitro_core.store.hf import clear_leftovers, parse_size
 
 transformers = pytest.importorskip("transformers")
 LOADER = Path(__file__).with_name("hf_load.py")
@@ -294,3 +298,87 @@ def test_hf_weights_then_export_hf_round_trip_bit_for_bit(tmp_path):
     assert (first / "model.safetensors.index.json").read_text() == (
         second / "model.safetensors.index.json"
     ).read_text()
+
+
+# -- a killed export: its temporary is never loaded, and the next export removes it ---------------
+STALL = """import json, sys, time
+from pathlib import Path
+from nitro_core import Nitro, export_hf
+from nitro_core.examples import HFCausalLM
+from nitro_core.store import hf
+out, marker, tiny, runs = sys.argv[1:]
+real = hf.write_record
+
+def stalled(path, *args, **kwargs):
+    written = real(path, *args, **kwargs)
+    Path(marker).write_text(str(path))  # one shard is in the temporary: kill me now
+    time.sleep(600)
+    return written
+
+hf.write_record = stalled
+export_hf(Nitro(HFCausalLM(**json.loads(tiny)), run_dir=runs, seed=0), out, max_shard_size=3000)
+"""
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, limit: float = 600) -> None:
+    deadline = time.monotonic() + limit
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, f"{path} did not appear within {limit} s"
+        time.sleep(0.01)
+
+
+def test_a_killed_export_leaves_a_temporary_that_hf_refuses_and_the_next_export_removes(tmp_path):
+    from nitro_core import export_hf
+
+    out, marker = tmp_path / "hf", tmp_path / "marker"
+    argv = [str(out), str(marker), json.dumps(TINY), str(tmp_path / "runs")]
+    proc = subprocess.Popen([sys.executable, "-c", STALL, *argv], stderr=subprocess.PIPE)
+    try:
+        wait_for_file(marker, proc)
+        (alive,) = tmp_path.glob("hf.tmp-*")
+        assert clear_leftovers(out) == [] and alive.is_dir()  # its writer holds it locked
+    finally:
+        proc.kill()  # SIGKILL
+        proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGKILL
+    (left,) = tmp_path.glob("hf.tmp-*")
+    assert re.fullmatch(r"hf\.tmp-[a-z0-9_]{8}", left.name) and not out.exists()
+    assert [p.name for p in left.iterdir()] == [Path(marker.read_text()).name]
+    with pytest.raises(CheckpointNotFound) as exc:
+        Nitro(HFCausalLM(**TINY), run_dir=tmp_path / "runs", weights=f"hf:{left}")
+    assert str(exc.value) == (
+        f"Source 'hf:{left}' is the temporary directory of an export_hf that did not finish (a "
+        "killed writer's), which Nitro never loads; the next export_hf to that out_dir removes "
+        "it. Write hf: and the published directory, or run export_hf again."
+    )
+    n = Nitro(HFCausalLM(**TINY), run_dir=tmp_path / "runs", seed=0)
+    export_hf(n, out, max_shard_size=3000)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "marker"]  # the temporary went
+    m = Nitro(HFCausalLM(**TINY), run_dir=tmp_path / "again", weights=f"hf:{out}")
+    mine, theirs = n.model.state_dict(), m.model.state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_the_next_export_leaves_a_live_writer_s_temporary_and_other_names_alone(tiny, tmp_path):
+    from nitro_core import export_hf
+
+    n, _ = tiny
+    live, dead, mine = (
+        tmp_path / name for name in ("hf.tmp-live0000", "hf.tmp-dead0000", "hf.tmp-mine")
+    )
+    for d in (live, dead, mine, tmp_path / "hf2.tmp-dead0000", tmp_path / "elsewhere"):
+        d.mkdir()
+        (d / "shard.safetensors").write_bytes(b"part")
+    (tmp_path / "hf.tmp-link0000").symlink_to(tmp_path / "elsewhere")
+    fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a writer still running holds it
+        export_hf(n, tmp_path / "hf")
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "elsewhere", "hf", "hf.tmp-link0000", "hf.tmp-live0000", "hf.tmp-mine", "hf2.tmp-dead0000",
+    ]  # fmt: skip
+    assert (tmp_path / "elsewhere" / "shard.safetensors").read_bytes() == b"part"
+    assert (live / "shard.safetensors").read_bytes() == b"part"
