@@ -15,6 +15,7 @@ from nitro_core.errors import NitroError
 from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import TERMINAL
 from nitro_mcp.gate import Gate
+from nitro_mcp.tools.training import train
 
 POLL_S = 1.0
 
@@ -22,7 +23,7 @@ POLL_S = 1.0
 def train_on_cluster(call: TrainCall, args: argparse.Namespace) -> int:
     gate = Gate(Path("."), experiment_modules=tuple(args.experiment_module), executor="slurm")
     try:
-        handle = gate.train(call)
+        handle = train(gate, call)
     except NitroError as exc:
         print(f"nitro train: {exc}", file=sys.stderr)
         return 2

@@ -2,12 +2,14 @@
 
 The fast tests run the script against a stand-in environment (a `bin/python` that logs pip
 and pytest calls instead of running them, and logging `nitro`, `ruff`, `mypy`, `mkdocs`), so
-they check what it installs, when it skips the installs, and that `./dev test` and
-`.ci/run` run exactly CI's sequence. The slow test runs the real thing end to end in a copy
-of the working tree (tracked and untracked files, not the ignored ones: what a clone of this
-tree would hold, uncommitted changes included) with a fresh `.venv`, cut off from the
-network (`unshare -n`) where the machine allows it, so the install must come from what pip
-finds locally (its configured wheel directories and local indexes, and its cache).
+they check what it installs, when it skips the installs, that `./dev test` and `.ci/run`
+run exactly CI's sequence, and that every test run is given transformers 4.x
+(`NITRO_TRANSFORMERS_4`, installed once), so test_hf.py's check with it never skips in CI.
+The slow test runs the real thing end to end in a copy of the working tree (tracked and
+untracked files, not the ignored ones: what a clone of this tree would hold, uncommitted
+changes included) with a fresh `.venv`, cut off from the network (`unshare -n`) where the
+machine allows it, so the install must come from what pip finds locally (its configured
+wheel directories and local indexes, and its cache).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ _LOGGING = '#!/usr/bin/env bash\necho "{name} $*" >> "{log}"\n'
 _PYTHON = """#!/usr/bin/env bash
 if [ "${{1:-}}" = "-m" ] && [ "${{2:-}}" = "pip" -o "${{2:-}}" = "pytest" -o "${{2:-}}" = "mkdocs" ]; then
     echo "python $*" >> "{log}"
+    [ "$2" = "pytest" ] && echo "${{NITRO_TRANSFORMERS_4-unset}}" >> "{log}.transformers-4"
     exit 0
 fi
 exec "{real}" "$@"
 """
+TRANSFORMERS_4 = "transformers==4.57.1 huggingface-hub==0.36.0 tokenizers==0.22.1"
 CI_SEQUENCE = [
     "ruff format --check .",
     "ruff check .",
@@ -71,7 +75,14 @@ def standin(tmp_path):
         return done, log.read_text().splitlines()[before:]
 
     run.repo = repo  # type: ignore[attr-defined]
+    run.venv = venv  # type: ignore[attr-defined]
+    run.transformers_4 = tmp_path / "calls.log.transformers-4"  # type: ignore[attr-defined]
     return run
+
+
+def _install_transformers_4(venv: Path) -> str:
+    pip = "python -m pip install -q --no-warn-conflicts"
+    return f"{pip} --target {venv}/transformers-4.tmp {TRANSFORMERS_4}"
 
 
 def test_demo_installs_torch_and_the_project_once_then_starts_at_once(standin):
@@ -101,16 +112,34 @@ def test_dev_test_runs_what_ci_runs_and_ci_runs_dev_test(standin):
     assert calls == [
         "python -m pip install -q torch==2.13.0",
         "python -m pip install -q -e .[test,docs]",
+        _install_transformers_4(standin.venv),
         *CI_SEQUENCE,
     ]
     done, calls = standin("bash", ".ci/run")
     assert (done.returncode, calls) == (0, CI_SEQUENCE)  # the same, installs already done
+    site = f"{standin.venv}/transformers-4"  # both suites, both times, see transformers 4.x
+    assert standin.transformers_4.read_text().splitlines() == [site] * 4
+    assert (standin.venv / ".nitro-dev-transformers-4").read_text() == TRANSFORMERS_4 + "\n"
 
 
 def test_dev_test_passes_its_arguments_to_pytest_alone(standin):
     standin("./dev", "test", "-q")
     done, calls = standin("./dev", "test", "tests/test_readme.py", "-x")
     assert (done.returncode, calls) == (0, ["python -m pytest tests/test_readme.py -x"])
+    site = f"{standin.venv}/transformers-4"
+    assert standin.transformers_4.read_text().splitlines() == [site, site]
+
+
+def test_transformers_4_is_installed_again_when_its_directory_or_stamp_is_gone(standin):
+    standin("./dev", "test", "-q")
+    site, stamp = standin.venv / "transformers-4", standin.venv / ".nitro-dev-transformers-4"
+    for remove in (site.rmdir, stamp.unlink):  # an install interrupted before or after its rename
+        remove()
+        done, calls = standin("./dev", "test", "-q")
+        assert done.returncode == 0, done.stderr
+        assert calls == [_install_transformers_4(standin.venv), "python -m pytest -q"]
+        assert f"dev: installing {TRANSFORMERS_4} into {site} (for test_hf.py)" in done.stderr
+        assert site.is_dir() and stamp.is_file() and not Path(f"{site}.tmp").exists()
 
 
 def test_the_test_installs_serve_the_demo_too(standin):

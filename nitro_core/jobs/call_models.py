@@ -40,10 +40,8 @@ class Refusal:
         return self.text.format(value=value)
 
 
-_OVERRIDES = (
-    'Config fields, e.g. {"lr": 0.1}; over the record\'s when resuming (Host fields only) or '
-    "validating."
-)
+_OVERRIDES = 'Config fields, e.g. {"lr": 0.1}; a resume changes Host fields only.'
+_RECORD_OVERRIDES = 'Config fields over the record\'s, e.g. {"lr": 0.1}.'
 _EXPERIMENT = "A name nitro_experiments lists."
 _RUN_DIR = "Run directory inside the root; default runs/<experiment>."
 
@@ -53,15 +51,13 @@ class SlurmOptions(BaseModel):
     service, and extra ``#SBATCH`` lines from :data:`SBATCH_ALLOWED`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    partition: str | None = Field(
-        default=None, description="Slurm partition; default the cluster's."
-    )
-    account: str | None = Field(default=None, description="Slurm account to charge.")
+    partition: str | None = Field(default=None, description="Default the cluster's.")
+    account: str | None = Field(default=None, description="Account to charge.")
     gres: str | None = Field(default=None, description="Generic resources, e.g. 'gpu:4'.")
     qos: str | None = Field(default=None, description="Quality of service.")
     extra: list[str] = Field(
         default_factory=list,
-        description="More sbatch options (an allow-list), e.g. ['--mem=16G'].",
+        description="Allowed sbatch options, e.g. ['--mem=16G'].",
     )
 
 
@@ -152,7 +148,7 @@ class TrainCall(_Call):
     ] = Field(
         default=None,
         ge=1,
-        description="Step budget: stop at the last point within it (stop_reason 'budget').",
+        description="A budget of steps (stop_reason 'budget').",
     )
     time_limit: Annotated[
         float | None,
@@ -164,7 +160,7 @@ class TrainCall(_Call):
         default=None,
         gt=0,
         allow_inf_nan=False,
-        description="Seconds: stop at the last point before it (stop_reason 'budget').",
+        description="A budget of seconds (stop_reason 'budget').",
     )
     executor: Annotated[
         Literal["local", "slurm"] | None,
@@ -213,7 +209,7 @@ class ValidateCall(_Call):
     )
     split: str = Field(default="val", description="e.g. 'val', 'test'.")
     load_ema: StrictBool = Field(default=False, description="Evaluate its EMA weights.")
-    overrides: dict[str, Any] = Field(default_factory=dict, description=_OVERRIDES)
+    overrides: dict[str, Any] = Field(default_factory=dict, description=_RECORD_OVERRIDES)
 
     def nitro_kwargs(self) -> dict[str, Any]:
         """The keywords of ``Nitro(experiment, ...)``: every field but the experiment, its

@@ -64,8 +64,7 @@ FLAGS = [
      "(false: load weights by name, warn on the rest)."),
     ("nitro_train", {"experiment": "Regression", "after_running": "off"},
      'after_running must be true or false (a JSON boolean), not the string "off": send '
-     '{"after_running": false} (When a job already trains run_dir: queue this one to start when it '
-     "ends (false: refuse))."),
+     '{"after_running": false} (Queue behind a job training run_dir (false: refuse)).'),
     ("nitro_train", {"experiment": "Regression", "restore_optimizer": []},
      "restore_optimizer must be true or false (a JSON boolean), not a list: send "
      '{"restore_optimizer": true} or {"restore_optimizer": false} (With weights: its optimizer '

@@ -15,8 +15,8 @@ from mcp import Client
 
 from nitro_core import Nitro, read_manifest
 from nitro_core.examples import Regression
-from nitro_mcp.gate import Gate
 from nitro_mcp.server import build_server
+from nitro_mcp.tools import records
 
 from .conftest import call
 
@@ -244,10 +244,10 @@ def test_resume_auto_with_a_changed_plain_config_is_refused_at_the_call(tmp_path
 def test_a_file_system_error_the_checks_missed_is_still_an_actionable_tool_error(
     tmp_path, monkeypatch
 ):
-    def broken_disk(self, run_dir, *page):
+    def broken_disk(gate, run_dir, *page):
         raise OSError(errno.EIO, "Input/output error", str(tmp_path / "runs" / ("r" * 200)))
 
-    monkeypatch.setattr(Gate, "runs", broken_disk)
+    monkeypatch.setattr(records, "runs", broken_disk)
 
     async def main():
         async with Client(build_server(tmp_path)) as client:

@@ -223,9 +223,18 @@ def test_the_listing_carries_every_output_schema_within_its_budget_and_schemas_s
     progress = status.output_schema["properties"]["progress"]
     assert progress["type"] == ["object", "null"]
     assert progress["properties"]["loss"] == {"type": ["number", "null"]}
-    assert status.output_schema["properties"]["kept"]["items"]["properties"]["kept_by"] == {
-        "items": {"type": "string"}, "type": "array",
+    # a list of models (a page's entries, kept checkpoints) is an array of objects in the
+    # listing; its items' fields are in the complete schema (schemas/)
+    assert status.output_schema["properties"]["kept"] == {
+        "items": {"type": "object"}, "type": ["array", "null"],
     }  # fmt: skip
+    manifest_tool = next(t for t in listed if t.name == "nitro_manifest")
+    assert manifest_tool.output_schema["properties"]["entries"] == {
+        "items": {"type": "object"}, "type": "array",
+    }  # fmt: skip
+    assert status.output_schema["properties"]["last_val"]["additionalProperties"] == {
+        "type": ["number", "null"]
+    }  # a list or map of plain values keeps its items' type
     # null is one more type or enum value; no reply's model is named twice, so no anyOf
     assert status.output_schema["properties"]["kind"] == {
         "enum": ["train", "validate", "average", None]
@@ -251,6 +260,9 @@ def test_the_listing_carries_every_output_schema_within_its_budget_and_schemas_s
     full_train = next(t for t in full if t.name == "nitro_train")
     assert full_train.input_schema["properties"]["run_dir"]["title"] == "Run Dir"
     assert full_train.output_schema["properties"]["next"]["description"] == "What to call next."
+    full_status = next(t for t in full if t.name == "nitro_status")
+    kept = full_status.output_schema["$defs"]["KeptCheckpoint"]["properties"]
+    assert kept["kept_by"]["items"] == {"type": "string"} and "file" in kept
 
 
 def test_pages_bounded_by_size_still_cover_every_entry_once(big_root):

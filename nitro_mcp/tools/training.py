@@ -1,0 +1,268 @@
+"""The training family: ``nitro_train``, ``nitro_validate`` and ``average``.
+
+Each takes its call model's fields flat (``TrainCall``, ``ValidateCall``, ``AverageCall``),
+checks the whole call before a job exists (the experiment and its overrides, every source
+against the manifest, the record's fit to the model, the executor and the machine), then
+submits the call as it was checked. Validation and averaging wait up to ``wait_s`` for the
+job's result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from mcp.server.mcpserver import Context
+from pydantic import Field, StrictBool
+
+from nitro_core.errors import ConfigError
+from nitro_core.jobs import JobStatus, slurm
+from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
+from nitro_core.jobs.calls import arguments, train_arguments
+from nitro_core.jobs.ranks import process_limit
+from nitro_core.sources.grammar import Average, Pair, to_source
+from nitro_core.sources.selection import check_keep_holds
+from nitro_core.store import manifest
+from nitro_core.training.options import check_options
+from nitro_core.training.resume import latest_point, resume_from_source
+from nitro_core.training.setup import check_seed
+from nitro_mcp import call_checks, following, models, observe
+from nitro_mcp.arguments import arguments_model, flag_text
+from nitro_mcp.echo import clip, clip_text
+from nitro_mcp.gate import Gate, Progress, next_step
+from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
+from nitro_mcp.record_fit import check_record_fits
+from nitro_mcp.refusals import job_error
+from nitro_mcp.replies import NitroServer, shrink
+from nitro_mcp.tools.declare import call_of, off_loop, progress_of, tool, wait_parameter
+
+AVERAGED_FROM_MAX = 2000  # characters of what an average was made of, in a reply
+
+TrainArguments = arguments_model(
+    "nitro_train",
+    TrainCall,
+    after_running=(StrictBool, Field(default=False, description="Queue behind a job training "
+                   "run_dir (false: refuse).")),
+)  # fmt: skip
+ValidateArguments = arguments_model(
+    "nitro_validate", ValidateCall, wait_s=wait_parameter(60, "the metrics", 20)
+)
+AverageArguments = arguments_model(
+    "average", AverageCall, wait_s=wait_parameter(60, "the result", 20)
+)
+
+
+def register(server: NitroServer, gate: Gate) -> None:
+    @tool(server, "Start training as a background job; returns its job_id at once.", TrainArguments)  # fmt: skip
+    async def nitro_train(arguments: Any, ctx: Context | None) -> models.JobHandle:
+        return await off_loop(train, gate, call_of(TrainCall, arguments), arguments.after_running)
+
+    @tool(server, "Evaluate a checkpoint on a split: its metrics if the job ends within wait_s, "
+          "else the job_id for nitro_status.", ValidateArguments)  # fmt: skip
+    async def nitro_validate(arguments: Any, ctx: Context | None) -> models.ValidateResult:
+        call = call_of(ValidateCall, arguments)
+        return await validate(gate, call, arguments.wait_s, progress_of(ctx))
+
+    @tool(server, "Average checkpoints of one run (float64, streamed); save or validate the "
+          "average.", AverageArguments)  # fmt: skip
+    async def average(arguments: Any, ctx: Context | None) -> models.AverageResult:
+        call = call_of(AverageCall, arguments)
+        return await average_call(gate, call, arguments.wait_s, progress_of(ctx))
+
+
+# -- nitro_train -------------------------------------------------------------------------------
+def train(gate: Gate, call: TrainCall, after_running: bool = False) -> models.JobHandle:
+    """Check a training call whole and submit it (queued behind a job training its run
+    directory when ``after_running``)."""
+    resume = flag_text(call.resume, "resume")
+    restore_best = flag_text(call.restore_best, "restore_best")
+    experiment, overrides, weights = call.experiment, call.overrides, call.weights
+    cls = gate.experiment_class(experiment, overrides)
+    where = gate.run_dir(call.run_dir, experiment)
+    opts = check_options(resume, weights, call.restore_optimizer, restore_best, False, call.strict)
+    observe.check_logger_name(call.logger)  # tensorboard installed here
+    call = call.model_copy(
+        update={"run_dir": str(where), "resume": resume, "restore_best": restore_best}
+    )
+    args = train_arguments(**{**call.model_dump(), "run_dir": shown(gate.root, where)})
+    busy = call_checks.busy_job(gate.jobs, where)
+    if busy is not None and not after_running:
+        raise call_checks.refuse_busy(busy, args)
+    entries = manifest.read_manifest(where)
+    point = None
+    if opts.resume == "auto" and entries:
+        point = latest_point(entries, where)
+    elif opts.resume is not None and opts.resume != "auto":
+        point = resume_from_source(gate.rooted(opts.resume, where, "resume"), where, entries)
+        point.check_resumable()
+    if point is None:
+        exp = cls(**overrides)  # unknown or ill-typed fields raise ConfigError
+    else:  # the recorded config, overrides changing Host fields only
+        # queued behind a job, the run may have trained on by its start: its worker checks
+        exp = call_checks.resume_experiment(
+            cls, point, overrides, args, busy is None, gate.registry
+        )
+        point.check_config(exp)
+    observe.check_logger(call.logger, point, exp, args)
+    if opts.weights is not None:
+        found = gate.check_source(opts.weights, where, "weights")
+        check_record_fits(exp, found, call.strict, shown(gate.root, found) or str(found),
+                          "nitro_train", args, gate.registry)  # fmt: skip
+    if isinstance(opts.restore_best, Average):
+        check_keep_holds(exp.checkpointer(), opts.restore_best, exp.max_epochs)
+    _check_seed(call.seed)
+    _check_device(call.device)
+    call = _with_executor(gate, call)
+    if call.executor == "slurm":  # the cluster's nodes, not this machine, bound it
+        slurm.check_submittable(call)
+    else:
+        _check_process_limit(call.nproc, call.device)
+    after = busy.job_id if busy is not None else None
+    status = gate.jobs.submit(call, after=after, experiment_modules=gate.modules)
+    behind = f"It starts when job {busy.job_id} ends. " if busy is not None else ""
+    return gate.handle(
+        status, experiment, 2.0, f"{behind}Follow it with {following.follow_call(status.job_id)}."
+    )
+
+
+def _with_executor(gate: Gate, call: TrainCall) -> TrainCall:
+    """The call with the server's default executor and Slurm options filled in; a
+    cluster-only option on a local call is refused."""
+    executor = call.executor or gate.executor
+    if executor == "local" and (call.nodes > 1 or call.slurm is not None):
+        raise ConfigError(
+            f"{'nodes=' + str(call.nodes) if call.nodes > 1 else 'slurm='} runs on a "
+            "cluster: send executor='slurm' with it (nitro serve --executor slurm makes it "
+            "the default), or leave it out to train on this machine."
+        )
+    if executor == "local":  # as sent: a local job's spec and hints name no executor
+        return call
+    options = call.slurm if call.slurm is not None else gate.slurm_options
+    return call.model_copy(update={"executor": executor, "slurm": options})
+
+
+def _check_seed(seed: int | None) -> None:
+    if isinstance(seed, int) and seed.bit_length() > 64:  # too long to echo whole, or to repr
+        raise ConfigError(
+            f"seed={clip(seed)} is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."
+        )
+    check_seed(seed)
+
+
+def _check_device(device: str) -> None:
+    """'auto', 'cpu', 'cuda' or 'cuda:N' for a device this machine has, refused at the call
+    rather than by torch in the worker."""
+    from nitro_core.training.setup import resolve_device  # lazy: wiring imports torch
+
+    resolve_device(clip_text(device) if isinstance(device, str) else device)
+
+
+def _check_process_limit(nproc: int, device: str) -> None:
+    """Refuse more ranks than the machine runs side by side (one per GPU, or per CPU)."""
+    if nproc == 1:
+        return
+    limit, what = process_limit(device)
+    if nproc > limit:
+        raise ConfigError(
+            f"nproc={nproc} is more processes than this machine has room for: {what}. Send "
+            f"nproc from 1 to {max(limit, 1)}, e.g. nproc={max(limit, 1)}."
+        )
+
+
+# -- nitro_validate ------------------------------------------------------------------------------
+async def validate(
+    gate: Gate, call: ValidateCall, wait_s: float, progress: Progress | None
+) -> models.ValidateResult:
+    status, notes = await anyio.to_thread.run_sync(lambda: _submit_validate(gate, call))
+    status = await gate.wait(status.job_id, wait_s, progress)
+    result = status.result or {}
+    return models.ValidateResult(
+        job_id=status.job_id, state=status.state, metrics=result.get("metrics"), split=call.split,
+        checkpoint=shown(gate.root, result.get("checkpoint")),
+        averaged_from=shrink(result.get("averaged_from"), AVERAGED_FROM_MAX),
+        error=job_error(status), next=next_step(status, gate.hint(status)),
+        warnings=call_checks.warnings_of(notes, result),
+    )  # fmt: skip
+
+
+def _submit_validate(gate: Gate, call: ValidateCall) -> tuple[JobStatus, list[str]]:
+    experiment, overrides = call.experiment, call.overrides
+    cls = gate.experiment_class(experiment, overrides)
+    where = gate.run_dir(call.run_dir, experiment)
+    opts = check_options(False, call.weights, False, False, call.load_ema, True)
+    assert opts.weights is not None  # weights is a string, so it became a source
+    rooted = gate.rooted(opts.weights, where, "weights")
+    exp, notes, path = call_checks.from_record(cls, rooted, where, overrides)  # its config
+    call = call.model_copy(update={"run_dir": str(where)})
+    args = arguments(ValidateCall, {**call.model_dump(), "run_dir": shown(gate.root, where)})
+    check_record_fits(exp, path, True, shown(gate.root, path) or str(path), "nitro_validate",
+                      args, gate.registry)  # fmt: skip
+    gate.check_split(experiment, call.split)
+    return gate.jobs.submit(call, experiment_modules=gate.modules), notes
+
+
+# -- average ---------------------------------------------------------------------------------------
+async def average_call(
+    gate: Gate, call: AverageCall, wait_s: float, progress: Progress | None
+) -> models.AverageResult:
+    status, notes = await anyio.to_thread.run_sync(lambda: _submit_average(gate, call))
+    status = await gate.wait(status.job_id, wait_s, progress)
+    result = status.result or {}
+    return models.AverageResult(
+        job_id=status.job_id, state=status.state,
+        averaged_from=shrink(result.get("averaged_from"), AVERAGED_FROM_MAX),
+        saved=shown(gate.root, result.get("saved")), metrics=result.get("metrics"), error=job_error(status),
+        next=next_step(status, gate.hint(status)), warnings=call_checks.warnings_of(notes, result),
+    )  # fmt: skip
+
+
+def _submit_average(gate: Gate, call: AverageCall) -> tuple[JobStatus, list[str]]:
+    run_dir, source, save, experiment = call.run_dir, call.source, call.save, call.experiment
+    overrides, split = call.overrides, call.split
+    where = directory_inside_root(gate.root, run_dir, "run_dir")
+    src = to_source(source, "source")
+    if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
+        raise ConfigError(
+            f"source={clip(source)} is not an average; write e.g. source='latest => Average(Last(10))'."
+        )
+    saved = None
+    if save is not None:
+        saved = inside_root(gate.root, save, "save")
+        if saved.suffix != ".safetensors":
+            raise ConfigError(
+                f"save={clip(save)} must name a .safetensors file, e.g. save='runs/Classifier/avg10.safetensors'."
+            )
+        blocker = file_in_the_way(saved.parent)
+        if blocker is not None:
+            raise ConfigError(
+                f"save={clip(save)} lies under the file {clip(shown(gate.root, blocker))}, not a "
+                "directory; give a path in a directory, e.g. save='runs/Classifier/avg10.safetensors'."
+            )
+        if saved.exists():
+            raise ConfigError(
+                f"save={clip(save)} already exists; Nitro never overwrites it. Choose a new name."
+            )
+    notes: list[str] = []
+    if not call.validate_average:
+        gate.check_source(src, where, "source")
+        call_checks.refuse_unused(run_dir, source, overrides, split)
+    else:  # the state record's config, the call's overrides on top
+        experiment = call_checks.average_experiment(experiment, src, where, gate.registry, run_dir)
+        cls = gate.experiment_class(experiment, overrides)
+        exp, notes, path = call_checks.from_record(cls, src, where, overrides)
+        args: dict[str, Any] = {
+            "run_dir": run_dir,
+            "source": source,
+            "validate": True,
+            "experiment": experiment,
+        }
+        args.update({"overrides": overrides} if overrides else {})
+        args.update({"split": split} if split != "val" else {})
+        check_record_fits(exp, path, True, shown(gate.root, path) or str(path), "average",
+                          args, gate.registry)  # fmt: skip
+        gate.check_split(experiment, split)
+    call = call.model_copy(
+        update={"run_dir": str(where), "save": str(saved) if saved else None,
+                "experiment": experiment}
+    )  # fmt: skip
+    return gate.jobs.submit(call, experiment_modules=gate.modules), notes
