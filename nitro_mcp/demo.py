@@ -72,23 +72,42 @@ async def run_demo(root: Path, epochs: int) -> int:
         if status["state"] != "succeeded":
             print(status.get("log_tail", ""))
             return 1
-        await call(
-            "nitro_validate",
-            experiment="Classifier",
-            run_dir="runs/Classifier",
-            weights="latest => best",
-        )
-        save = f"runs/Classifier/avg3-{status['run_id']}.safetensors"
-        avg = await call(
-            "average", run_dir="runs/Classifier", source="latest => Average(Last(3))", save=save
-        )
-        if avg.get("saved"):
+
+        async def follow(reply: dict[str, Any]) -> dict[str, Any]:
+            """A validation or average followed to its end: its result, as the reply holds it."""
+            while reply.get("state") in ("queued", "running"):
+                args = {"job_id": reply["job_id"], "wait_s": 25, "until": "end", "brief": True}
+                await call("nitro_status", **args)
+                done = await client.call_tool("nitro_status", {"job_id": reply["job_id"]})
+                full = done.structured_content or {}
+                reply = {**reply, "state": full.get("state"), **(full.get("result") or {})}
+            return reply
+
+        best = await follow(
             await call(
                 "nitro_validate",
                 experiment="Classifier",
                 run_dir="runs/Classifier",
-                weights=avg["saved"],
+                weights="latest => best",
             )
+        )
+        save = f"runs/Classifier/avg3-{status['run_id']}.safetensors"
+        avg = await follow(
+            await call(
+                "average", run_dir="runs/Classifier", source="latest => Average(Last(3))", save=save
+            )
+        )
+        averaged: dict[str, Any] = {}
+        if avg.get("saved"):
+            averaged = await follow(
+                await call(
+                    "nitro_validate",
+                    experiment="Classifier",
+                    run_dir="runs/Classifier",
+                    weights=avg["saved"],
+                )
+            )
+        print(comparison(best.get("metrics"), averaged.get("metrics")))
         await call("nitro_runs", run_dir="runs/Classifier")
         final = (
             await client.call_tool("nitro_status", {"job_id": job["job_id"]})
@@ -100,6 +119,19 @@ async def run_demo(root: Path, epochs: int) -> int:
         "\nDone. The job, its run and its checkpoints stay on disk: `nitro runs runs/Classifier`."
     )
     return 0
+
+
+def comparison(best: dict[str, float] | None, averaged: dict[str, float] | None) -> str:
+    """The demo's payoff: the best checkpoint's validation metrics beside the average's."""
+    if not best or not averaged:
+        return "\nNo comparison: a validation did not finish (see its error above)."
+    lines = ["\nValidation, the best checkpoint against the average of the last 3:"]
+    for name in sorted(set(best) & set(averaged)):
+        delta = averaged[name] - best[name]
+        lines.append(
+            f"  {name:<10} best {best[name]:.4f}   average {averaged[name]:.4f}   ({delta:+.4f})"
+        )
+    return "\n".join(lines)
 
 
 def main(root: Path, epochs: int) -> int:

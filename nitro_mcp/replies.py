@@ -30,7 +30,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, InputRequiredResult, TextContent
 from mcp.types import Tool as MCPTool
 from pydantic import BaseModel, ValidationError
-from pydantic.json_schema import DEFAULT_REF_TEMPLATE, GenerateJsonSchema, JsonSchemaValue
+from pydantic.json_schema import DEFAULT_REF_TEMPLATE, GenerateJsonSchema, JsonRef, JsonSchemaValue
 from pydantic_core import core_schema
 
 from nitro_mcp.arguments import argument_errors
@@ -302,21 +302,19 @@ class OutputListingSchema(ListingSchema):
         return out
 
     def list_schema(self, schema: core_schema.ListSchema) -> JsonSchemaValue:
-        """A list of models (a page's entries, jobs, runs) as an array of objects: the items'
+        """A list of objects (a page's entries, jobs, runs) as an array of objects: the items'
         fields are what the reply shows, and ``schemas/`` names them; so the listing stays
-        within its budget (``LISTING_MAX``)."""
-        items = schema.get("items_schema")
-        if items is not None and _is_model(items):
-            return {"items": {"type": "object"}, "type": "array"}
-        return super().list_schema(schema)
+        within its budget (``LISTING_MAX``). A list of anything else keeps its items' schema."""
+        out = super().list_schema(schema)
+        items = out.get("items")
+        if isinstance(items, dict) and self._an_object(items):
+            return {**out, "items": {"type": "object"}}
+        return out
 
-
-def _is_model(schema: Any) -> bool:
-    """Whether a core schema is a model: a model or dataclass, a reference to a definition
-    (a reply refers to models only), or one of these behind a validator."""
-    kind = schema.get("type")
-    if kind in ("model", "dataclass", "definition-ref"):
-        return True
-    inner = schema.get("schema")
-    wrappers = ("definitions", "function-after", "function-before", "function-wrap")
-    return kind in wrappers and isinstance(inner, dict) and _is_model(inner)
+    def _an_object(self, items: JsonSchemaValue) -> bool:
+        """Whether ``items`` (or the definition it refers to) is an object with fields."""
+        ref = items.get("$ref")
+        if isinstance(ref, str):
+            target = self.get_schema_from_definitions(JsonRef(ref))
+            return target is not None and self._an_object(target)
+        return items.get("type") == "object" and "properties" in items

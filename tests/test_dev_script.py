@@ -15,6 +15,7 @@ wheel directories and local indexes, and its cache).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -195,6 +196,9 @@ def test_the_demo_runs_end_to_end_from_a_fresh_copy_of_the_tree_offline(tmp_path
     assert cold.returncode == 0, f"{cold.stdout[-3000:]}\n{cold.stderr[-3000:]}"
     assert "dev: creating" in cold.stderr and "dev: installing" in cold.stderr
     assert "Done. The job, its run and its checkpoints stay on disk" in cold.stdout
+    # the payoff: both validations followed to their end, the average beside the best
+    assert "Validation, the best checkpoint against the average of the last 3:" in cold.stdout
+    assert re.search(r"\n  acc +best 0\.\d{4}   average 0\.\d{4}   \([+-]0\.\d{4}\)\n", cold.stdout)
     assert list((copy / "runs" / "Classifier").glob("avg3-*.safetensors"))
 
     started = time.monotonic()

@@ -10,3 +10,5 @@
 Each family's ``register(server, gate)`` adds its tools; :mod:`~nitro_mcp.tools.declare`
 is how. The checks the families share are the :class:`~nitro_mcp.gate.Gate`'s.
 """
+
+__all__ = ["declare", "jobs", "lifecycle", "observing", "records", "training"]

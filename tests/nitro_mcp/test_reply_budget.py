@@ -478,3 +478,27 @@ def test_a_long_refusal_keeps_what_failed_and_what_to_send():
     )
     assert f" … ({len(text) - 5000} characters left out) … " in sent
     assert sent.endswith(", 299, 300). Write one of those run ids.")
+
+
+def test_only_lists_of_objects_are_listed_as_arrays_of_objects():
+    from pydantic import BaseModel, JsonValue, RootModel
+
+    from nitro_mcp.replies import OutputListingSchema
+
+    class Item(BaseModel):
+        a: int
+
+    class Reply(BaseModel):
+        values: list[JsonValue]
+        names: list[RootModel[str]]
+        items: list[Item]
+        maybe: list[Item] | None = None
+
+    schema = Reply.model_json_schema(schema_generator=OutputListingSchema)
+    assert schema["properties"] == {
+        "values": {"items": {}, "type": "array"},  # [1, "x"] stays valid
+        "names": {"items": {"type": "string"}, "type": "array"},
+        "items": {"items": {"type": "object"}, "type": "array"},
+        "maybe": {"items": {"type": "object"}, "type": ["array", "null"]},
+    }
+    assert "$defs" not in schema  # the object's definition went with its last reference
