@@ -1,12 +1,16 @@
 """A real Slurm cluster of N nodes on 127.0.0.1, for tests and for trying the Slurm executor
-on one machine: ``python -m nitro_core.jobs.slurm_local up|down|status [--nodes N] [--dir D]``.
+on one machine:
+``python -m nitro_core.jobs.slurm_local up|down|status [--nodes N] [--dir D] [--accounting]``.
 
 It runs Debian's own daemons (installing ``slurmctld slurmd slurm-client munge`` with apt
 when they are missing and this is root): one ``munged`` and one ``slurmctld`` on private
 sockets and ports, and one ``slurmd -N n<i>`` per node, each on its own port (Slurm's
-several-daemons-per-host mode). Everything it writes lives under its directory (default
+several-daemons-per-host mode). With ``--accounting`` (``slurmdbd mariadb-server`` installed
+the same way), a ``mariadbd`` on a private socket and port and a ``slurmdbd`` keep the jobs,
+so ``sacct`` answers; without, it has no states and the executor falls back to ``squeue``.
+Everything it writes lives under its directory (default
 ``$NITRO_SLURM_DIR``, else ``/tmp/nitro-slurm``): ``slurm.conf``, the munge key, the
-daemons' state, spool, logs and ``daemons.json`` (each daemon's pid and process start time).
+daemons' state, spool, logs, the database and ``daemons.json`` (each daemon's pid and process start time).
 ``down`` stops only those daemons, by pid, after checking each still is the process it
 started. The cluster's clients find it through ``SLURM_CONF=<dir>/slurm.conf`` (``up``
 prints the line to export; :func:`environment` gives it to a process).
@@ -23,10 +27,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nitro_core.jobs.files import process_start
+from nitro_core.jobs.files import alive, process_start
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "sinfo")
@@ -106,9 +111,13 @@ def _config(directory: Path, nodes: int, cpus: int, dbd_port: int | None = None)
     storage = (
         ["AccountingStorageType=accounting_storage/none"]
         if dbd_port is None
-        else ["AccountingStorageType=accounting_storage/slurmdbd",
-              "AccountingStorageHost=localhost", f"AccountingStoragePort={dbd_port}"]
-    )  # fmt: skip
+        else [
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            "AccountingStorageHost=localhost",
+            f"AccountingStoragePort={dbd_port}",
+            f"AccountingStoragePass={d / 'munge' / 'munge.socket'}",
+        ]
+    )  # fmt: skip  (slurmdbd's munge socket is AccountingStoragePass, not AuthInfo)
     lines = [
         "ClusterName=nitro",
         "SlurmctldHost=localhost(127.0.0.1)",
@@ -170,9 +179,20 @@ def _daemons_file(directory: Path) -> Path:
 
 
 def _running(daemon: dict[str, object]) -> bool:
-    pid = daemon["pid"]
-    assert isinstance(pid, int)
-    return process_start(pid) is not None and process_start(pid) == daemon["start"]
+    """Whether the daemon is still the process ``up`` started (a zombie is not: in a process
+    that called ``up`` itself, as the tests do, an exited daemon stays one until reaped)."""
+    pid, start = daemon["pid"], daemon["start"]
+    assert isinstance(pid, int) and isinstance(start, str)
+    return alive(pid, start) and process_start(pid) == start
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit of a daemon this process started (no zombie left); another
+    process's child is not ours to collect."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 def up(
@@ -183,17 +203,37 @@ def up(
 ) -> Cluster:
     """Start the cluster (installing Slurm when root and missing); returns once every node
     is idle in ``sinfo``. With ``accounting``, a MariaDB server and ``slurmdbd`` of its own
-    keep the jobs, so ``sacct`` answers. A cluster already up in ``directory`` is returned
-    as it is."""
+    keep the jobs, so ``sacct`` answers. A cluster already up in ``directory`` with these
+    nodes and accounting is returned as it is; one with others is stopped first. When a
+    daemon does not come up, every daemon started so far is stopped before the error."""
     directory = (directory or default_dir()).resolve()
     cluster = Cluster(directory, nodes, accounting=accounting)
     if _daemons_file(directory).exists():
         daemons = json.loads(_daemons_file(directory).read_text())
-        if daemons and all(_running(d) for d in daemons):
-            _wait_idle(cluster)
+        if daemons and all(_running(d) for d in daemons) and _same(cluster):
+            _wait_idle(cluster, daemons)
             return cluster
         down(directory)
     install(accounting)
+    try:
+        _start(cluster, cpus or max(os.cpu_count() or 1, 2))
+    except BaseException:
+        down(directory)
+        raise
+    return cluster
+
+
+def _same(cluster: Cluster) -> bool:
+    """Whether the cluster's slurm.conf has its number of nodes and its accounting."""
+    conf = cluster.conf.read_text() if cluster.conf.exists() else ""
+    nodes = sum(1 for line in conf.splitlines() if line.startswith("NodeName="))
+    return nodes == cluster.nodes and ("accounting_storage/slurmdbd" in conf) == cluster.accounting
+
+
+def _start(cluster: Cluster, cpus: int) -> None:
+    """Write the config and start the daemons in order: munged, MariaDB and slurmdbd (with
+    accounting), slurmctld, one slurmd per node; ``daemons.json`` lists each as it starts."""
+    directory = cluster.directory
     for sub in ("munge", "state", "spool", "run", "log"):
         (directory / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(directory / "munge", 0o700)
@@ -201,12 +241,17 @@ def up(
     if not key.exists():
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
-    cpus = cpus or max(os.cpu_count() or 1, 2)
-    dbd_port = _free_port() if accounting else None
-    cluster.conf.write_text(_config(directory, nodes, cpus, dbd_port))
+    dbd_port = _free_port() if cluster.accounting else None
+    cluster.conf.write_text(_config(directory, cluster.nodes, cpus, dbd_port))
     env_conf = ["-f", str(cluster.conf)]
     munge = directory / "munge"
-    daemons = [
+    daemons: list[dict[str, object]] = []
+
+    def started(daemon: dict[str, object]) -> None:
+        daemons.append(daemon)
+        _daemons_file(directory).write_text(json.dumps(daemons))
+
+    started(
         _spawn(
             [
                 _sbin("munged"),
@@ -220,56 +265,66 @@ def up(
             ],
             directory / "log" / "munged.out",
         )  # fmt: skip
-    ]
-    _wait_for(lambda: (munge / "munge.socket").exists(), "munged's socket", directory)
-    _daemons_file(directory).write_text(json.dumps(daemons))
+    )
+    _wait_for(lambda: (munge / "munge.socket").exists(), "munged's socket", directory, daemons)
     if dbd_port is not None:
-        daemons += _start_accounting(cluster, dbd_port)
-        _daemons_file(directory).write_text(json.dumps(daemons))
-    daemons.append(
+        _start_accounting(cluster, dbd_port, started, daemons)
+    started(
         _spawn([_sbin("slurmctld"), "-D", "-i", *env_conf], directory / "log" / "slurmctld.out")
     )
-    _daemons_file(directory).write_text(json.dumps(daemons))
-    for i in range(nodes):
+    for i in range(cluster.nodes):
         name = f"n{i + 1}"
-        daemons.append(
+        started(
             _spawn(
                 [_sbin("slurmd"), "-D", "-N", name, *env_conf],
                 directory / "log" / f"slurmd-{name}.out",
             )
         )
-        _daemons_file(directory).write_text(json.dumps(daemons))
-    _wait_idle(cluster)
-    return cluster
+    _wait_idle(cluster, daemons)
 
 
-def _start_accounting(cluster: Cluster, dbd_port: int) -> list[dict[str, object]]:
+def _start_accounting(
+    cluster: Cluster,
+    dbd_port: int,
+    started: Callable[[dict[str, object]], None],
+    daemons: list[dict[str, object]],
+) -> None:
     """A MariaDB server on a private socket and port, a database user for slurmdbd, and
-    slurmdbd itself (its config beside slurm.conf, where it looks); the cluster registered."""
+    slurmdbd itself (its config beside slurm.conf, where it looks); the cluster registered.
+    ``started`` records each daemon as it starts, so ``down`` stops it whatever comes next."""
     d = cluster.directory
     db = d / "db"
     if not (db / "mysql").exists():
+        shutil.rmtree(db, ignore_errors=True)  # what an interrupted first start left
         subprocess.run(
             [_sbin("mariadb-install-db"), "--no-defaults", f"--datadir={db}", "--user=root",
              "--auth-root-authentication-method=normal", "--skip-test-db"],
-            capture_output=True, check=True, timeout=120,
+            capture_output=True, check=True, timeout=300,
         )  # fmt: skip
     sock, db_port = d / "run" / "mysqld.sock", _free_port()
-    mariadb = _spawn(
-        [_sbin("mariadbd"), "--no-defaults", f"--datadir={db}", f"--socket={sock}",
-         f"--port={db_port}", "--bind-address=127.0.0.1", "--user=root",
-         f"--pid-file={d / 'run' / 'mysqld.pid'}", f"--log-error={d / 'log' / 'mysqld.log'}",
-         "--innodb-buffer-pool-size=32M", "--skip-log-bin"],
-        d / "log" / "mysqld.out",
-    )  # fmt: skip
-    _wait_for(lambda: sock.exists(), "MariaDB's socket", d)
+    started(
+        _spawn(
+            [
+                _sbin("mariadbd"),
+                "--no-defaults",
+                f"--datadir={db}",
+                f"--socket={sock}",
+                f"--port={db_port}",
+                "--bind-address=127.0.0.1",
+                "--user=root",
+                f"--pid-file={d / 'run' / 'mysqld.pid'}",
+                f"--log-error={d / 'log' / 'mysqld.log'}",
+                "--innodb-buffer-pool-size=32M",
+                "--skip-log-bin",
+            ],
+            d / "log" / "mysqld.out",
+        )  # fmt: skip
+    )
     grant = ("CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
              "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'nitro'; "
              "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")  # fmt: skip
-    subprocess.run(
-        [_sbin("mariadb"), "--no-defaults", f"--socket={sock}", "-uroot", "-e", grant],
-        capture_output=True, check=True, timeout=60,
-    )  # fmt: skip
+    mariadb = [_sbin("mariadb"), "--no-defaults", f"--socket={sock}", "-uroot", "-e", grant]
+    _wait_for(lambda: _succeeds(mariadb), "MariaDB answering", d, daemons)
     conf = d / "slurmdbd.conf"  # slurmdbd reads it from slurm.conf's directory
     conf.write_text("\n".join([
         "AuthType=auth/munge", f"AuthInfo=socket={d / 'munge' / 'munge.socket'}",
@@ -280,15 +335,33 @@ def _start_accounting(cluster: Cluster, dbd_port: int) -> list[dict[str, object]
         f"LogFile={d / 'log' / 'slurmdbd.log'}", "",
     ]))  # fmt: skip
     conf.chmod(0o600)
-    dbd = _spawn([_sbin("slurmdbd"), "-D"], d / "log" / "slurmdbd.out", cluster.environment())
-    _wait_for(lambda: _listening(dbd_port), "slurmdbd listening", d)
-    subprocess.run(
-        ["sacctmgr", "-i", "add", "cluster", "nitro"],
-        env=cluster.environment(),
-        capture_output=True,
-        timeout=60,
-    )  # fmt: skip  (an existing cluster is no error here)
-    return [mariadb, dbd]
+    started(_spawn([_sbin("slurmdbd"), "-D"], d / "log" / "slurmdbd.out", cluster.environment()))
+    _wait_for(lambda: _listening(dbd_port), "slurmdbd listening", d, daemons)
+    add = ["sacctmgr", "-i", "add", "cluster", "nitro"]  # on a database kept from before: there
+    known = ["sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"]
+    _wait_for(
+        lambda: _succeeds(add, cluster) and "nitro" in _output(known, cluster).split(),
+        "the cluster registered with slurmdbd", d, daemons,
+    )  # fmt: skip
+
+
+def _succeeds(argv: list[str], cluster: Cluster | None = None) -> bool:
+    env = cluster.environment() if cluster is not None else None
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0 or "already exists" in done.stdout + done.stderr
+
+
+def _output(argv: list[str], cluster: Cluster) -> str:
+    try:
+        done = subprocess.run(
+            argv, env=cluster.environment(), capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        return ""
+    return done.stdout if done.returncode == 0 else ""
 
 
 def _listening(port: int) -> bool:
@@ -296,16 +369,35 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _wait_for(ready: object, what: str, directory: Path, limit: float = READY_S) -> None:
-    assert callable(ready)
+def _wait_for(
+    ready: Callable[[], bool],
+    what: str,
+    directory: Path,
+    daemons: list[dict[str, object]] | None = None,
+    limit: float = READY_S,
+) -> None:
+    """Poll ``ready`` until it holds; raise when ``limit`` passes or one of ``daemons``
+    exits meanwhile (naming it: its log says why)."""
     deadline = time.monotonic() + limit
     while not ready():
+        dead = next((d for d in daemons or [] if not _running(d)), None)
+        if dead is not None:
+            raise RuntimeError(
+                f"The local Slurm cluster's {Path(str(_argv(dead)[0])).name} (pid {dead['pid']}) "
+                f"exited while waiting for {what}; its logs are in {str(directory / 'log')!r}."
+            )
         if time.monotonic() > deadline:
             raise RuntimeError(
                 f"The local Slurm cluster did not get {what} within {limit:.0f} s; its logs are "
                 f"in {str(directory / 'log')!r}."
             )
         time.sleep(0.2)
+
+
+def _argv(daemon: dict[str, object]) -> list[str]:
+    argv = daemon["argv"]
+    assert isinstance(argv, list)
+    return argv
 
 
 def node_states(cluster: Cluster) -> dict[str, str]:
@@ -319,14 +411,14 @@ def node_states(cluster: Cluster) -> dict[str, str]:
     return dict(line.split(None, 1) for line in done.stdout.split("\n") if line.strip())
 
 
-def _wait_idle(cluster: Cluster) -> None:
+def _wait_idle(cluster: Cluster, daemons: list[dict[str, object]]) -> None:
     def idle() -> bool:
         states = node_states(cluster)
         return len(states) == cluster.nodes and all(
             s.rstrip("*~#") in ("idle", "mixed", "allocated") for s in states.values()
         )
 
-    _wait_for(idle, f"{cluster.nodes} idle nodes", cluster.directory)
+    _wait_for(idle, f"{cluster.nodes} idle nodes", cluster.directory, daemons)
 
 
 def down(directory: Path | None = None) -> list[int]:
@@ -338,16 +430,17 @@ def down(directory: Path | None = None) -> list[int]:
         return []
     stopped = []
     for daemon in reversed(json.loads(path.read_text())):  # the nodes first, munged last
-        if not _running(daemon):
-            continue
-        pid = int(daemon["pid"])
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while _running(daemon) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        pid = int(str(daemon["pid"]))
         if _running(daemon):
-            os.kill(pid, signal.SIGKILL)
-        stopped.append(pid)
+            for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+                os.kill(pid, sig)
+                deadline = time.monotonic() + wait
+                while _running(daemon) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if not _running(daemon):
+                    break
+            stopped.append(pid)
+        _reap(pid)
     path.unlink()
     return stopped
 

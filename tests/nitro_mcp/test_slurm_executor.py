@@ -1,9 +1,10 @@
 """``nitro_train(..., executor="slurm")`` on a real Slurm cluster of two nodes on 127.0.0.1
 (:mod:`nitro_core.jobs.slurm_local`, started once for the module, stopped at its end):
 followed from queued to its end, stopped gracefully and by force, lost when cancelled from
-outside, resumed bit for bit, budgeted, across two nodes, and refused when the cluster
-cannot take it. The cluster keeps no accounting (no slurmdbd), so every state here comes
-through the squeue/scontrol fallback, which the status names."""
+outside, resumed bit for bit, budgeted (steps and time), across two nodes, and refused when
+the cluster cannot take it. The cluster keeps no accounting (no slurmdbd), so every state
+here comes through the squeue/scontrol fallback, which the status names; the same job
+followed through sacct is in test_slurm_accounting.py."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import anyio
 import pytest
 import torch
-from mcp import Client
+from mcp import Client, StdioServerParameters
 
 from nitro_core import Nitro, read_manifest
 from nitro_core.jobs import slurm_local
@@ -23,6 +25,7 @@ from nitro_core.jobs.files import job_dir
 from nitro_core.store import recordio as store
 from nitro_mcp.server import build_server
 from tests.nitro_mcp.conftest import call, wait_done
+from tests.nitro_mcp.slow_experiment import SlowSteps
 
 pytestmark = pytest.mark.slow  # a real cluster: daemons, sbatch, srun
 SLOW = ("tests.nitro_mcp.slow_experiment",)
@@ -47,7 +50,7 @@ def _server(root, **kw):
     return Client(build_server(root, executor="slurm", experiment_modules=SLOW, **kw))
 
 
-async def _until(client, job_id, check, limit=180):
+async def _until(client, job_id, check, limit=600):
     """nitro_status until ``check(status)``; every state seen, in order."""
     seen = []
     with anyio.fail_after(limit):
@@ -66,21 +69,61 @@ def _tensors(run_dir, entry):
     return tensors
 
 
-def test_a_slurm_job_goes_queued_running_succeeded_and_names_its_state_source(cluster, tmp_path):
+def follow_through_the_queue(cluster, tmp_path, source):
+    """A job submitted while its partition is held down (Slurm takes it, starts none),
+    followed until Slurm said PENDING and then RUNNING, each through ``source``, and on to
+    its end: its last status, the job states seen in order, and each (job state, Slurm
+    state, source) seen in order."""
+    seen: list[str] = []
+    engine_seen: list[tuple[str, str, str]] = []
+
+    def saw(status):
+        """Note the status; returns its (job state, Slurm state, source), if Slurm spoke."""
+        if seen[-1:] != [status["state"]]:
+            seen.append(status["state"])
+        engine = (status.get("cluster") or {}).get("engine")
+        now = (status["state"], engine["state"], engine["source"]) if engine else None
+        if now is not None and engine_seen[-1:] != [now]:
+            engine_seen.append(now)
+        return now
+
+    def ended(status):
+        saw(status)
+        return status["state"] not in ("queued", "running")
+
+    def partition(state):
+        subprocess.run(["scontrol", "update", f"PartitionName={cluster.partition}",
+                        f"State={state}"], env=cluster.environment(), check=True)  # fmt: skip
+
     async def main():
         async with _server(tmp_path) as client:
-            err, job = await call(client, "nitro_train", experiment="Regression", overrides=FAST)
-            assert not err, job
-            assert job["state"] == "queued"
-            end, seen = await _until(client, job["job_id"], lambda s: s["state"] == "succeeded")
-            return job, end, seen
+            partition("DOWN")
+            try:
+                err, job = await call(client, "nitro_train", experiment="SlowSteps",
+                                      overrides={"max_epochs": 3, "step_s": 0.05})  # fmt: skip
+                assert not err, job
+                saw(job)
+                queued = ("queued", "PENDING", source)
+                await _until(client, job["job_id"], lambda s: saw(s) == queued)
+            finally:
+                partition("UP")
+            running = ("running", "RUNNING", source)
+            await _until(client, job["job_id"], lambda s: saw(s) == running)
+            end, _ = await _until(client, job["job_id"], ended)
+            return end
 
-    job, end, seen = anyio.run(main)
-    assert seen[0] == "queued" and seen[-1] == "succeeded", seen
+    return anyio.run(main), seen, engine_seen
+
+
+def test_a_slurm_job_goes_queued_running_succeeded_through_the_fallback(cluster, tmp_path):
+    end, seen, engine_seen = follow_through_the_queue(cluster, tmp_path, "squeue")
+    assert seen == ["queued", "running", "succeeded"], seen
+    assert ("queued", "PENDING", "squeue") in engine_seen, engine_seen
+    assert ("running", "RUNNING", "squeue") in engine_seen, engine_seen
+    assert {source for *_, source in engine_seen} <= {"squeue", "scontrol"}  # no slurmdbd here
     assert end["cluster"]["executor"] == "slurm" and end["cluster"]["slurm_id"].isdigit()
-    assert end["cluster"]["engine"]["source"] in ("squeue", "scontrol")  # no slurmdbd here
     events = [json.loads(line)["event"] for line in
-              (job_dir(tmp_path, job["job_id"]) / "events.jsonl").read_text().splitlines()]  # fmt: skip
+              (job_dir(tmp_path, end["job_id"]) / "events.jsonl").read_text().splitlines()]  # fmt: skip
     assert events[:3] == ["queued", "submitted", "started"] and events[-1] == "succeeded"
     assert end["result"]["stop_reason"] == "completed"
 
@@ -98,22 +141,26 @@ def test_graceful_stop_writes_its_record_and_resume_auto_ends_bitwise_equal(clus
             )
             err, _ = await call(client, "nitro_stop", job_id=job["job_id"])
             assert not err
-            stopped = await wait_done(client, job["job_id"])
+            stopped = await wait_done(client, job["job_id"], limit=600)
             err, again = await call(client, "nitro_train", experiment="SlowSteps",
                                     overrides=overrides, resume="auto")  # fmt: skip
             assert not err, again
-            return stopped, await wait_done(client, again["job_id"])
+            return stopped, await wait_done(client, again["job_id"], limit=600)
 
     stopped, resumed = anyio.run(main)
     assert stopped["state"] == "stopped" and stopped["result"]["stop_reason"] == "requested"
     assert resumed["state"] == "succeeded", resumed
     assert resumed["result"]["run_id"] == stopped["result"]["run_id"]
-    from tests.nitro_mcp.slow_experiment import SlowSteps
+    _assert_equal_to_a_local_run(tmp_path, max_epochs=4)
 
-    local = Nitro(SlowSteps(max_epochs=4, step_s=0.0), run_dir=tmp_path / "local").train()
+
+def _assert_equal_to_a_local_run(tmp_path, max_epochs):
+    """The run in runs/SlowSteps ended where an uninterrupted local run ends, bit for bit."""
+    local = Nitro(SlowSteps(max_epochs=max_epochs, step_s=0.0), run_dir=tmp_path / "local")
+    local.train()
     run_dir = tmp_path / "runs" / "SlowSteps"
     last = read_manifest(run_dir)[-1]
-    assert last.epoch == 4
+    assert last.epoch == max_epochs
     mine = _tensors(run_dir, last)
     theirs = _tensors(tmp_path / "local", read_manifest(tmp_path / "local")[-1])
     model = [k for k in mine if k.startswith("params/")]
@@ -130,7 +177,7 @@ def test_force_stop_kills_the_job_through_scancel(cluster, tmp_path):
             running, _ = await _until(client, job["job_id"], lambda s: s["phase"] == "training")
             err, reply = await call(client, "nitro_stop", job_id=job["job_id"], force=True)
             assert not err, reply
-            return running, await wait_done(client, job["job_id"])
+            return running, await wait_done(client, job["job_id"], limit=600)
 
     running, end = anyio.run(main)
     assert end["state"] == "stopped" and end["phase"] == "killed", end
@@ -143,7 +190,7 @@ def test_force_stop_kills_the_job_through_scancel(cluster, tmp_path):
         return out in ("", "COMPLETED", "CANCELLED", "FAILED")
 
     async def wait_gone():
-        with anyio.fail_after(60):
+        with anyio.fail_after(600):
             while not gone():
                 await anyio.sleep(0.2)
 
@@ -159,7 +206,7 @@ def test_scancel_from_outside_stops_the_run_at_its_next_point_with_its_record(cl
             running, _ = await _until(client, job["job_id"], lambda s: s["epoch"] >= 1)
             subprocess.run(["scancel", running["cluster"]["slurm_id"]],
                            env=cluster.environment(), check=True)  # fmt: skip
-            return await wait_done(client, job["job_id"], limit=60)
+            return await wait_done(client, job["job_id"], limit=600)
 
     end = anyio.run(main)
     assert end["state"] == "stopped", end  # Slurm's SIGTERM: a graceful stop at the next point
@@ -176,7 +223,7 @@ def test_a_worker_killed_on_its_node_is_reported_lost_with_the_last_record(clust
             await _until(client, job["job_id"], lambda s: s["epoch"] >= 1)
             pid = json.loads((job_dir(tmp_path, job["job_id"]) / "status.json").read_text())["pid"]
             os.kill(pid, signal.SIGKILL)  # the node's worker dies: the allocation ends with it
-            end, _ = await _until(client, job["job_id"], lambda s: s["state"] == "lost", limit=60)
+            end, _ = await _until(client, job["job_id"], lambda s: s["state"] == "lost")
             return end
 
     end = anyio.run(main)
@@ -192,13 +239,40 @@ def test_a_step_budget_on_slurm_stops_with_budget_and_resumes(cluster, tmp_path)
                                   overrides={"max_epochs": 3, "samples": 256}, max_steps=5,
                                   time_limit=600)  # fmt: skip
             assert not err, job
-            return await wait_done(client, job["job_id"])
+            return await wait_done(client, job["job_id"], limit=600)
 
     end = anyio.run(main)
     assert end["state"] == "stopped" and end["result"]["stop_reason"] == "budget", end
     script = (job_dir(tmp_path, end["job_id"]) / "job.sbatch").read_text()
     assert "#SBATCH --time=13\n" in script  # ceil((600 * 1.1 + 120) / 60) minutes: a fallback
     assert read_manifest(tmp_path / "runs" / "Regression")[-1].stop_reason == "budget"
+
+
+def test_a_time_limit_on_slurm_stops_with_budget_and_resume_auto_ends_bitwise_equal(
+    cluster, tmp_path
+):
+    overrides = {"max_epochs": 3, "step_s": 0.05}  # 24 steps an epoch: 1.2 s of sleep
+
+    async def main():
+        async with _server(tmp_path) as client:
+            err, job = await call(client, "nitro_train", experiment="SlowSteps",
+                                  overrides=overrides, time_limit=1)  # fmt: skip
+            assert not err, job
+            stopped = await wait_done(client, job["job_id"], limit=600)
+            err, again = await call(client, "nitro_train", experiment="SlowSteps",
+                                    overrides=overrides, resume="auto")  # fmt: skip
+            assert not err, again
+            return stopped, await wait_done(client, again["job_id"], limit=600)
+
+    stopped, resumed = anyio.run(main)
+    assert stopped["state"] == "stopped" and stopped["result"]["stop_reason"] == "budget", stopped
+    script = (job_dir(tmp_path, stopped["job_id"]) / "job.sbatch").read_text()
+    assert "#SBATCH --time=3\n" in script  # ceil((1 * 1.1 + 120) / 60) minutes: a fallback
+    budget = [e for e in read_manifest(tmp_path / "runs" / "SlowSteps") if e.stop_reason]
+    assert [(e.epoch, e.stop_reason) for e in budget][0] == (1, "budget")  # no point fits 1 s
+    assert resumed["state"] == "succeeded", resumed
+    assert resumed["result"]["run_id"] == stopped["result"]["run_id"]
+    _assert_equal_to_a_local_run(tmp_path, max_epochs=3)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -211,7 +285,7 @@ def test_two_nodes_of_one_process_equal_one_node_of_two(cluster, tmp_path, strat
                                       overrides=FAST, run_dir=f"runs/{name}", nodes=nodes,
                                       nproc=nproc, strategy=strategy)  # fmt: skip
                 assert not err, job
-                out[name] = await wait_done(client, job["job_id"], limit=400)
+                out[name] = await wait_done(client, job["job_id"], limit=600)
                 assert out[name]["state"] == "succeeded", out[name]
             return out
 
@@ -238,9 +312,14 @@ def _read(run_dir, entry):
         ({"nodes": 3}, "nodes=3 is more nodes than partition 'debug' has (2). Send nodes from 1 "
          "to 2, e.g. nodes=2."),
         ({"slurm": {"extra": ["--output=/tmp/x"]}}, "slurm.extra line '--output=/tmp/x' is not "
-         "an sbatch option Nitro passes on"),
+         "an sbatch option Nitro passes on: the job's directory, output and working directory "
+         "are Nitro's. Send only --mem, --mem-per-cpu, --mem-per-gpu, --cpus-per-task, "
+         "--gpus-per-node, --gpus-per-task, --constraint, --exclusive, --reservation, --comment, "
+         "--exclude, --nodelist, --mail-type, --mail-user, --nice, --licenses, e.g. "
+         "slurm={'extra': ['--mem=16G']}."),
         ({"executor": "local", "nodes": 2}, "nodes=2 runs on a cluster: send executor='slurm' "
-         "with it"),
+         "with it (nitro serve --executor slurm makes it the default), or leave it out to train "
+         "on this machine."),
     ],
 )  # fmt: skip
 def test_what_the_cluster_cannot_take_is_refused_at_the_call(cluster, tmp_path, args, text):
@@ -249,7 +328,7 @@ def test_what_the_cluster_cannot_take_is_refused_at_the_call(cluster, tmp_path, 
             return await call(client, "nitro_train", experiment="Regression", **args)
 
     err, reply = anyio.run(main)
-    assert err and text in reply, reply
+    assert err and reply == f"Error executing tool nitro_train: {text}", reply
     assert not (tmp_path / ".nitro" / "jobs").exists() or not any(
         (tmp_path / ".nitro" / "jobs").iterdir()
     )
@@ -263,8 +342,31 @@ def test_no_sbatch_on_the_path_is_refused_with_what_to_send(cluster, tmp_path, m
             return await call(client, "nitro_train", experiment="Regression")
 
     err, reply = anyio.run(main)
-    assert err and reply.endswith(
-        "executor='slurm' needs Slurm's sbatch on the server's PATH, and there is none. Send "
-        "executor='local', or start the server where sbatch runs (a login node); to try on one "
-        "machine: python -m nitro_core.jobs.slurm_local up."
+    assert err and reply == (
+        "Error executing tool nitro_train: executor='slurm' needs Slurm's sbatch on the "
+        "server's PATH, and there is none. Send executor='local', or start the server where "
+        "sbatch runs (a login node); to try on one machine: python -m "
+        "nitro_core.jobs.slurm_local up."
     ), reply
+
+
+def test_nitro_serve_executor_slurm_sets_the_default_executor_and_partition(cluster, tmp_path):
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "nitro_mcp.cli", "serve", "--root", str(tmp_path), "--executor", "slurm",
+              "--slurm-partition", "gpu"],
+        env=cluster.environment(),
+    )  # fmt: skip
+
+    async def main():
+        async with Client(params) as client:  # a real stdio subprocess, as an agent starts it
+            return await call(client, "nitro_train", experiment="Regression")
+
+    err, reply = anyio.run(main)
+    assert err and reply == (
+        "Error executing tool nitro_train: slurm partition 'gpu' is not one of this cluster's: "
+        "debug. Send slurm={'partition': 'debug'} (sinfo lists them)."
+    ), reply
+    assert not (tmp_path / ".nitro" / "jobs").exists() or not any(
+        (tmp_path / ".nitro" / "jobs").iterdir()
+    )
