@@ -62,8 +62,10 @@ _WHERE = {
     "Nitro": "nitro_core.training.handle",
     "checkpoint_run": "nitro_core.training.handle",
     "JSONLLogger": "nitro_core.training.loggers",
+    "MLflowLogger": "nitro_core.training.mlflow_logger",
     "NullLogger": "nitro_core.training.loggers",
     "TensorBoardLogger": "nitro_core.training.loggers",
+    "WandbLogger": "nitro_core.training.wandb_logger",
     "EarlyStopping": "nitro_core.training.stopping",
     "Plateau": "nitro_core.training.stopping",
     "Checked": "nitro_core.verification",
@@ -118,8 +120,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.training.loggers import JSONLLogger as JSONLLogger
     from nitro_core.training.loggers import NullLogger as NullLogger
     from nitro_core.training.loggers import TensorBoardLogger as TensorBoardLogger
+    from nitro_core.training.mlflow_logger import MLflowLogger as MLflowLogger
     from nitro_core.training.stopping import EarlyStopping as EarlyStopping
     from nitro_core.training.stopping import Plateau as Plateau
+    from nitro_core.training.wandb_logger import WandbLogger as WandbLogger
     from nitro_core.verification import Checked as Checked
     from nitro_core.verification import verify as verify
 
@@ -158,6 +162,7 @@ __all__ = [
     "Host",
     "JSONLLogger",
     "Last",
+    "MLflowLogger",
     "ManifestEntry",
     "MissingHookError",
     "MonitorError",
@@ -178,6 +183,7 @@ __all__ = [
     "TrainingRefused",
     "UnsafePath",
     "ValidateCall",
+    "WandbLogger",
     "__version__",
     "average_checkpoints",
     "checkpoint_info",

@@ -43,7 +43,8 @@ from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
 from nitro_core.store.manifest import ManifestEntry
-from nitro_core.store.reader import RecordFile, Tensor
+from nitro_core.store.reader import RecordFile
+from nitro_core.store.record_header import Tensor
 
 
 # -- the streaming mean -----------------------------------------------------------------------------

@@ -25,8 +25,9 @@ A message has three parts: what failed, the offending value, and what to write i
 An error keeps them as data, its ``parts``: prose (``str``), a keyword value (:class:`Arg`),
 the failed call again with other arguments (:class:`Redo`), a call of one of Nitro's
 operations (:class:`Call`), a change to the experiment's ``checkpointer()``
-(:class:`CheckpointerFix`) or to its fields (:class:`FieldFix`), and a passage each audience
-reads in its own words (:class:`Worded`). Each audience renders them once: ``str(exc)`` is
+(:class:`CheckpointerFix`) or to its fields (:class:`FieldFix`), the call that lists a run
+directory's records (:class:`Lister`), and a passage each audience reads in its own words
+(:class:`Worded`). Each audience renders them once: ``str(exc)`` is
 the :class:`PythonRenderer`'s text (``restore_optimizer=True``, ``Nitro(exp, weights=...)``);
 the MCP layer renders the same parts as a tool call (``restore_optimizer=true``,
 ``nitro_train(..., weights=...)``). :func:`parts_to_json` and :func:`parts_from_json` carry
@@ -111,7 +112,16 @@ class Worded:
     kind: Literal["worded"] = "worded"
 
 
-Part = str | Arg | Redo | Call | CheckpointerFix | FieldFix | Worded
+@dataclass(frozen=True)
+class Lister:
+    """What lists the records ``run_dir`` holds: ``read_manifest`` in Python,
+    ``nitro_manifest`` for a tool call, ``nitro manifest RUN_DIR`` at a terminal."""
+
+    run_dir: str | None = None
+    kind: Literal["lister"] = "lister"
+
+
+Part = str | Arg | Redo | Call | CheckpointerFix | FieldFix | Lister | Worded
 
 WEIGHTS_ONLY = Redo(("weights=...",))  # a new run that takes only a checkpoint's weights
 
@@ -152,6 +162,8 @@ class PythonRenderer:
             return f"Checkpointer({part.arguments})"
         if isinstance(part, FieldFix):
             return f"Write {part.experiment}(field=value) with values that fit."
+        if isinstance(part, Lister):
+            return "read_manifest"
         return part.python
 
 

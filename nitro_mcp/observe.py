@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from nitro_core.errors import ConfigError, ResumeRefused, UnsafePath
+from nitro_core.jobs.call_models import LOGGER_REFUSAL
 from nitro_core.jobs.calls import train_arguments
 from nitro_core.store import metrics_log
 from nitro_core.store.metrics_log import READ_MAX
-from nitro_core.training.loggers import LOGGERS, tensorboard_installed
+from nitro_core.training.loggers import LOGGER_CALLS, LOGGERS, installed
 from nitro_core.training.resume import ResumePoint
 from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
@@ -339,17 +340,13 @@ def _number(cell: Cell) -> float:
 
 # -- nitro_train(logger=...) -------------------------------------------------------------------
 def check_logger_name(logger: str | None) -> None:
-    """``logger`` names a logger this server can write."""
+    """``logger`` names a logger this server can write (its package installed here)."""
     if logger is not None and logger not in LOGGERS:
+        raise ConfigError(LOGGER_REFUSAL.format(value=clip(logger)))
+    if logger is not None and not installed(logger):
         raise ConfigError(
-            f"logger={clip(logger)} is not a logger; send logger='jsonl' or "
-            "logger='tensorboard' (event files in <run_dir>/logs/tb/<run>/, beside the JSONL "
-            "log), or leave it out for the experiment's own logger()."
-        )
-    if logger == "tensorboard" and not tensorboard_installed():
-        raise ConfigError(
-            "logger='tensorboard' needs the tensorboard package where the server runs: "
-            "pip install 'nitro[tensorboard]' there and restart the server, or send "
+            f"logger={logger!r} needs the {logger} package where the server runs: "
+            f"pip install 'nitro[{logger}]' there and restart the server, or send "
             "logger='jsonl'."
         )
 
@@ -366,12 +363,20 @@ def check_logger(
     chosen = logger or hooked
     if recorded is None or recorded == chosen:
         return
+    name, make = type(exp).__name__, LOGGER_CALLS.get(recorded, f"a {recorded!r} logger")
     if recorded == hooked:
-        fix = "Send " + tool_call("nitro_train", train_arguments(**{**args, "logger": None}))
+        fix = f"Leave logger out, for {name}.logger() ({make}): send " + tool_call(
+            "nitro_train", train_arguments(**{**args, "logger": None})
+        )
     elif recorded in LOGGERS:
-        fix = "Send " + tool_call("nitro_train", train_arguments(**{**args, "logger": recorded}))
+        fix = f"Set logger={recorded!r}: send " + tool_call(
+            "nitro_train", train_arguments(**{**args, "logger": recorded})
+        )
     else:
-        fix = "Its backend is not one nitro_train can choose: start a new run_dir"
+        fix = (
+            f"Its backend is not one nitro_train can choose: return {make} from "
+            f"{name}.logger() and send no logger, or start a new run_dir"
+        )
     raise ResumeRefused(
         f"resume={args.get('resume', 'false')!r} continues {Path(point.file).name!r}, whose logger state "
         f"is for the {recorded!r} backend, but this call logs with {chosen!r}: a resume keeps "

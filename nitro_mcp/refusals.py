@@ -21,6 +21,7 @@ from nitro_core.errors import (
     Call,
     CheckpointerFix,
     FieldFix,
+    Lister,
     NitroError,
     Part,
     Redo,
@@ -54,6 +55,8 @@ class ToolRenderer:
             return f"Checkpointer({part.arguments}){MODULE_CHANGE}"
         if isinstance(part, FieldFix):
             return _field_fix(part)
+        if isinstance(part, Lister):
+            return "nitro_manifest"
         return part.tool
 
 

@@ -30,6 +30,7 @@ _PYTHON = """#!/usr/bin/env bash
 if [ "${{1:-}}" = "-m" ] && [ "${{2:-}}" = "pip" -o "${{2:-}}" = "pytest" -o "${{2:-}}" = "mkdocs" ]; then
     echo "python $*" >> "{log}"
     [ "$2" = "pytest" ] && echo "${{NITRO_TRANSFORMERS_4-unset}}" >> "{log}.transformers-4"
+    [ "$2" = "pip" ] && echo "Collecting (pip's own output, on stdout)"
     exit 0
 fi
 exec "{real}" "$@"
@@ -82,7 +83,7 @@ def standin(tmp_path):
 
 
 def _install_transformers_4(venv: Path) -> str:
-    pip = "python -m pip install -q --no-warn-conflicts"
+    pip = "python -m pip install --no-warn-conflicts"
     return f"{pip} --target {venv}/transformers-4.tmp {TRANSFORMERS_4}"
 
 
@@ -90,29 +91,54 @@ def test_demo_installs_torch_and_the_project_once_then_starts_at_once(standin):
     done, calls = standin("./dev", "demo", "--epochs", "2")
     assert done.returncode == 0, done.stderr
     assert calls == [
-        "python -m pip install -q torch==2.13.0",
-        "python -m pip install -q -e .",
+        "python -m pip install torch==2.13.0",
+        "python -m pip install -e .",
         "nitro demo --epochs 2",
     ]
-    done, calls = standin("./dev", "demo")  # warm: no pip call at all
-    assert (done.returncode, calls) == (0, ["nitro demo"])
-    assert "installing" not in done.stderr
+    done, calls = standin("./dev", "demo")  # warm: no pip call at all, not a word
+    assert (done.returncode, calls, done.stderr) == (0, ["nitro demo"], "")
+
+
+@pytest.mark.parametrize(
+    ("command", "what"),
+    [
+        ("demo", "torch and nitro's dependencies take 2 to 5 minutes"),
+        ("test", "torch, nitro and the test and docs extras take 2 to 10 minutes"),
+    ],
+)
+def test_a_first_install_says_how_long_it_takes_and_shows_pips_progress_on_stderr(
+    standin, command, what
+):
+    done, _ = standin("./dev", command, *(["-q"] if command == "test" else []))
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == (
+        f"dev: first install: {what} here (2 CPU cores, nothing cached; longer when busy); "
+        "pip's progress follows, and later runs skip it"
+    )
+    assert lines[1].startswith("dev: installing torch==2.13.0 and nitro")
+    # pip without -q, its output on stderr: stdout stays the command's own
+    assert lines[2] == "Collecting (pip's own output, on stdout)"
+    assert "Collecting" not in done.stdout
 
 
 def test_an_edit_to_pyproject_reinstalls(standin):
     standin("./dev", "demo")
     pyproject = standin.repo / "pyproject.toml"
     pyproject.write_text(pyproject.read_text() + "\n# a new dependency\n")
-    _, calls = standin("./dev", "demo")
-    assert calls[:2] == ["python -m pip install -q torch==2.13.0", "python -m pip install -q -e ."]
+    done, calls = standin("./dev", "demo")
+    assert calls[:2] == ["python -m pip install torch==2.13.0", "python -m pip install -e ."]
+    assert done.stderr.startswith(  # not a first install: no estimate of one
+        f"dev: pyproject.toml or the torch requirement changed: updating {standin.venv}\n"
+    )
 
 
 def test_dev_test_runs_what_ci_runs_and_ci_runs_dev_test(standin):
     done, calls = standin("./dev", "test")
     assert done.returncode == 0, done.stderr
     assert calls == [
-        "python -m pip install -q torch==2.13.0",
-        "python -m pip install -q -e .[test,docs]",
+        "python -m pip install torch==2.13.0",
+        "python -m pip install -e .[test,docs]",
         _install_transformers_4(standin.venv),
         *CI_SEQUENCE,
     ]
@@ -195,6 +221,8 @@ def test_the_demo_runs_end_to_end_from_a_fresh_copy_of_the_tree_offline(tmp_path
     cold = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True, timeout=1200)
     assert cold.returncode == 0, f"{cold.stdout[-3000:]}\n{cold.stderr[-3000:]}"
     assert "dev: creating" in cold.stderr and "dev: installing" in cold.stderr
+    assert "dev: first install: torch and nitro's dependencies take 2 to 5 minutes" in cold.stderr
+    assert re.search(r"\nSuccessfully installed .*\bnitro-", cold.stderr)  # pip's own lines
     assert "Done. The job, its run and its checkpoints stay on disk" in cold.stdout
     # the payoff: both validations followed to their end, the average beside the best
     assert "Validation, the best checkpoint against the average of the last 3:" in cold.stdout

@@ -5,6 +5,7 @@ link or a missing API reference. How blocks are marked: tests/markdown_blocks.py
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -130,6 +131,76 @@ def test_mkdocs_strict_build_passes_and_fails_on_a_broken_link_or_a_missing_refe
 
     done = _build(tmp_path / "ref", missing_reference)
     assert done.returncode != 0 and "NoSuchName" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site as `mkdocs build --strict` writes it (site/), built once for this module."""
+    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
+    where = tmp_path_factory.mktemp("site")
+    done = _build(where)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return where / "site"
+
+
+def _signatures(page) -> list[str]:
+    """The rendered signatures of a reference page, as text (tags dropped, entities read)."""
+    found = re.findall(r'<div class="doc-signature[^"]*"[^>]*>(.*?)</div>', page.read_text(), re.S)
+    return [html.unescape(re.sub(r"<[^>]+>", "", s)).strip() for s in found]
+
+
+@pytest.mark.parametrize(
+    ("page", "name", "parameters"),
+    [
+        ("training", "Nitro", [
+            "experiment: Experiment", "run_dir: str | Path | None = None",
+            "seed: int | None = None", 'device: str | device = "auto"',
+            "max_steps: int | None = None", "time_limit: float | None = None",
+        ]),
+        ("training", "TensorBatches", [
+            "tensors: Mapping[str, Tensor]", "batch_size: int", "shuffle: bool = False",
+        ]),
+        ("training", "EMA", ["decay: float = 0.999"]),
+        ("selection", "Checkpointer", [
+            "keep: Selector | tuple[Selector, ...] | list[Selector] = (Best(3), Last(1))",
+            "metric: str | None = None", "every_steps: int | None = None",
+            "async_write: bool = True",
+        ]),
+    ],
+)  # fmt: skip
+def test_the_reference_shows_the_constructor_a_user_types(site, page, name, parameters):
+    """The class's heading carries its __init__ signature (merge_init_into_class), with
+    every parameter's type and default, one a line when long."""
+    signatures = _signatures(site / "reference" / page / "index.html")
+    (signature,) = [s for s in signatures if s.startswith(f"{name}(")]
+    assert all(p in signature for p in parameters), signature
+    assert not [s for s in signatures if s.startswith("__init__(")]  # no separate __init__
+
+
+def test_code_blocks_stay_inside_the_content_column(site):
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert re.search(r"\.md-typeset pre > code \{[^}]*overflow-x: auto", css, re.S)
+    assert re.search(r"\.doc-signature pre > code \{[^}]*white-space: pre-wrap", css, re.S)
+    page = (site / "reference" / "training" / "index.html").read_text()
+    assert 'href="../../stylesheets/extra.css"' in page
+
+
+def _pasted(page: str, section: str) -> str:
+    """A page's first runnable block, then the block of ``section``, as a reader pastes them."""
+    first = next(b for b in PAGES[page] if b.runnable)
+    then = next(b for b in PAGES[page] if b.section == section and b.lang == "python")
+    return first.text + "\n" + then.text
+
+
+def test_the_running_it_block_of_experiments_runs_when_pasted(tmp_path):
+    script = tmp_path / "pasted.py"
+    script.write_text(_pasted("experiments.md", "Running it"))
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "runs" / "sine" / "manifest.json").exists()
 
 
 def test_the_api_reference_renders_every_public_name():

@@ -40,6 +40,12 @@ class Refusal:
         return self.text.format(value=value)
 
 
+LOGGER_REFUSAL = (
+    "logger={value} is not a logger; send logger='jsonl', 'tensorboard' (event files in "
+    "<run_dir>/logs/tb/<run>/, beside the JSONL log), 'mlflow' or 'wandb' (an MLflow or W&B "
+    "run, set by MLFLOW_TRACKING_URI or WANDB_MODE, WANDB_PROJECT where the server runs), or "
+    "leave it out for the experiment's own logger()."
+)
 _OVERRIDES = 'Config fields, e.g. {"lr": 0.1}; a resume changes Host fields only.'
 _RECORD_OVERRIDES = 'Config fields over the record\'s, e.g. {"lr": 0.1}.'
 _EXPERIMENT = "A name nitro_experiments lists."
@@ -111,12 +117,8 @@ class TrainCall(_Call):
     overrides: dict[str, Any] = Field(default_factory=dict, description=_OVERRIDES)
     device: str = Field(default="auto", description="e.g. 'cpu', 'cuda:0'.")
     logger: Annotated[
-        Literal["jsonl", "tensorboard"] | None,
-        Refusal(
-            "logger={value} is not a logger; send logger='jsonl' or logger='tensorboard' (event "
-            "files in <run_dir>/logs/tb/<run>/, beside the JSONL log), or leave it out for the "
-            "experiment's own logger()."
-        ),
+        Literal["jsonl", "tensorboard", "mlflow", "wandb"] | None,
+        Refusal(LOGGER_REFUSAL),
     ] = Field(
         default=None,
         description="Default the experiment's (a resume keeps the run's).",

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nitro_core.errors import CheckpointerFix, CheckpointNotFound, ConfigError, NitroWarning, Part
+from nitro_core.errors import (
+    CheckpointerFix,
+    CheckpointNotFound,
+    ConfigError,
+    Lister,
+    NitroWarning,
+    Part,
+)
 from nitro_core.policy import retention
 from nitro_core.policy.ranked import ranked
 from nitro_core.policy.retention import Pair as ScorePair
@@ -219,7 +226,9 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
     if _PARTIAL.search(given.name):
         raise ConfigError(
             f"{source.path!r} is a partial file left by an interrupted write, never a checkpoint. "
-            "Name a committed record instead (read_manifest lists them), e.g. 'latest => latest'."
+            "Name a committed record instead (",
+            Lister(str(run_dir)),
+            " lists them), e.g. 'latest => latest'.",
         )
     directory = next((p for p in candidates if shards.is_sharded(p)), None)
     if directory is not None:  # a record directory (several processes wrote it)

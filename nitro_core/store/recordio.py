@@ -51,13 +51,12 @@ from nitro_core.store.claims import (
     run_lock,
     set_aside,
 )
-from nitro_core.store.reader import (
-    RecordFile,
+from nitro_core.store.reader import RecordFile, prefetch
+from nitro_core.store.record_header import (
     check_header,
     check_sealed,
     open_record,
     paused_gc,
-    prefetch,
     read_head,
     truncated,
     unreadable,

@@ -49,6 +49,7 @@ import xxhash
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, RecordError
 from nitro_core.store import deleter, digest
 from nitro_core.store.atomic import PublishDirectory
+from nitro_core.store.record_header import Tensor
 from nitro_core.store.safeio import open_nofollow
 from nitro_core.store.writer import DTYPES
 
@@ -456,8 +457,6 @@ class ShardedRecord:
     def __init__(self, path: Path, expected: str | None = None) -> None:
         from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-        from nitro_core.store.reader import Tensor  # lazy: reader imports the writer's codes
 
         self.path = Path(path)
         verify(self.path, expected)

@@ -8,10 +8,14 @@ run had never stopped. :class:`TensorBoardLogger` writes TensorBoard event files
 ``<run_dir>/logs/tb/<run_id>/`` with the ``tensorboard`` package's own writer, and keeps the
 JSONL log beside them (so ``nitro_history`` and ``nitro_plot`` read every run the same way);
 a resume opens a new event file that purges the events written after the record.
+:class:`~nitro_core.training.mlflow_logger.MLflowLogger` and
+:class:`~nitro_core.training.wandb_logger.WandbLogger` send the rows to an MLflow or W&B run
+that a resume continues (:mod:`nitro_core.training.trackers`), the JSONL log beside.
 
-A handle takes its logger from ``Nitro(..., logger=...)`` when given (``"jsonl"``,
-``"tensorboard"`` or a logger instance), else from the experiment's ``logger()`` hook
-(:func:`choose_logger`).
+A handle takes its logger from ``Nitro(..., logger=...)`` when given (a name of
+:data:`LOGGERS` or a logger instance), else from the experiment's ``logger()`` hook
+(:func:`choose_logger`); a resume under another backend is refused with what to change
+(:func:`check_resume_backend`).
 """
 
 from __future__ import annotations
@@ -23,11 +27,23 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from nitro_core.errors import ConfigError
+from nitro_core.errors import ConfigError, ResumeRefused
+from nitro_core.experiment import config_of
 from nitro_core.store.metrics_log import JSONLLogger as JSONLLogger  # re-exported
 from nitro_core.store.safeio import confined_dir
+from nitro_core.training.mlflow_logger import MLflowLogger
+from nitro_core.training.trackers import scalars
+from nitro_core.training.wandb_logger import WandbLogger
 
-LOGGERS = ("jsonl", "tensorboard")  # the names Nitro(logger=...) and the tools accept
+LOGGERS = ("jsonl", "tensorboard", "mlflow", "wandb")  # what Nitro(logger=...) and tools take
+# the instance each name stands for, as a refusal writes it
+LOGGER_CALLS = {
+    "jsonl": "JSONLLogger()",
+    "tensorboard": "TensorBoardLogger()",
+    "mlflow": "MLflowLogger()",
+    "wandb": "WandbLogger()",
+    "null": "NullLogger()",
+}
 INSTALL_TENSORBOARD = "pip install 'nitro[tensorboard]' (or pip install 'tensorboard>=2.14')"
 
 
@@ -86,7 +102,7 @@ class TensorBoardLogger:
     def log(self, row: dict[str, Any]) -> None:
         self._jsonl.log(row)
         writer, step = self._events(), int(row["step"])
-        for tag, value in _scalars(row):
+        for tag, value in scalars(row):
             writer.add_scalar(tag, value, global_step=step)
         writer.flush()
         self._step = step
@@ -120,8 +136,9 @@ class NullLogger:
 
 
 def choose_logger(experiment: Any, choice: Any) -> Logger:
-    """The handle's logger: ``choice`` (``"jsonl"``, ``"tensorboard"`` or a logger instance)
-    when given, else what the experiment's ``logger()`` hook returns."""
+    """The handle's logger: ``choice`` (a name of :data:`LOGGERS` or a logger instance) when
+    given, else what the experiment's ``logger()`` hook returns. A name's MLflow or W&B
+    logger carries the experiment's config as its params."""
     name = type(experiment).__name__
     if choice is None:
         made = experiment.logger()
@@ -135,19 +152,55 @@ def choose_logger(experiment: Any, choice: Any) -> Logger:
         return JSONLLogger()
     if choice == "tensorboard":
         return TensorBoardLogger()
+    if choice == "mlflow":
+        return MLflowLogger(params=config_of(experiment))
+    if choice == "wandb":
+        return WandbLogger(params=config_of(experiment))
     if isinstance(choice, str) or not _is_logger(choice):
         shown = repr(choice) if len(repr(choice)) <= 60 else repr(choice)[:57] + "..."
         raise ConfigError(
-            f"Nitro(logger={shown}) is not a logger; write logger='jsonl', "
-            "logger='tensorboard', a logger instance such as TensorBoardLogger(), or leave it "
+            f"Nitro(logger={shown}) is not a logger; write logger='jsonl', 'tensorboard', "
+            "'mlflow' or 'wandb', a logger instance such as TensorBoardLogger(), or leave it "
             f"out to use {name}.logger()."
         )
     return choice  # checked by _is_logger just above
 
 
+def check_resume_backend(file: str, recorded: str | None, chosen: str, experiment: Any) -> None:
+    """A resume keeps the logger backend its record was written with (its state is that
+    backend's); refused otherwise, naming what to change: ``Nitro(logger=...)`` or the
+    experiment's ``logger()`` hook (the hook is called to tell which one chose)."""
+    if recorded is None or recorded == chosen:
+        return
+    name = type(experiment).__name__
+    hooked = getattr(experiment.logger(), "backend", None)
+    make = LOGGER_CALLS.get(recorded, f"a {recorded!r} logger")
+    if recorded == hooked:  # so logger= chose another
+        fix = f"Leave logger= out of Nitro(...): {name}.logger() returns {make}"
+    elif recorded in LOGGERS:
+        fix = (
+            f"Write Nitro(..., logger={recorded!r}) (or, without logger=, return {make} "
+            f"from {name}.logger())"
+        )
+    else:
+        fix = f"Return {make} from {name}.logger() (without logger=), or pass logger={make}"
+    raise ResumeRefused(
+        f"Cannot resume {file!r}: its logger state is for the {recorded!r} backend, this "
+        f"handle logs with {chosen!r}: a resume keeps the run's logger so that its logs "
+        f"continue without gaps or repeats. {fix}; or start a new run_dir."
+    )
+
+
+def installed(backend: str) -> bool:
+    """Whether the package a named logger writes with is here (found, not imported: torch
+    and the trackers stay out of light entry points). ``"jsonl"`` needs none."""
+    package = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}.get(backend)
+    return package is None or importlib.util.find_spec(package) is not None
+
+
 def tensorboard_installed() -> bool:
     """Whether :class:`TensorBoardLogger` can write here (checked without importing torch)."""
-    return importlib.util.find_spec("tensorboard") is not None  # found, not imported
+    return installed("tensorboard")
 
 
 def _is_logger(obj: Any) -> bool:
@@ -166,19 +219,6 @@ def _summary_writer() -> Any:
     from torch.utils.tensorboard import SummaryWriter  # lazy: imports tensorboard
 
     return SummaryWriter
-
-
-def _scalars(row: dict[str, Any], prefix: str = "") -> list[tuple[str, float]]:
-    """(tag, value) for every number of a row; nested dicts give ``key/name`` tags."""
-    out: list[tuple[str, float]] = []
-    for key, value in row.items():
-        if key in ("run", "step") and not prefix:
-            continue
-        if isinstance(value, dict):
-            out += _scalars(value, f"{prefix}{key}/")
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            out.append((f"{prefix}{key}", float(value)))
-    return out
 
 
 def _after_existing_files(log_dir: Path) -> None:

@@ -1,24 +1,42 @@
-"""Progress of a run while it trains: a one-line bar on stderr (only on an interactive
-terminal) and, for a listener such as the job worker, throttled snapshots of the epoch in
-progress (batch, a recent loss, ETAs).
+"""Progress of a run while it trains, on stderr and for a listener (the job worker).
+
+- On an interactive terminal: a tqdm bar per epoch (batches done, rate, the epoch's ETA and
+  the run's), replaced at the epoch's end by the epoch's summary line.
+- Off a terminal (a log file, a pipe, a job's stderr): a plain line at most every
+  ``PLAIN_S`` seconds inside an epoch and the summary line at each epoch's end, so that a
+  long run is never minutes of silence. Both are tqdm's own formatting.
+- For a listener: throttled :class:`Snapshot` s of the epoch in progress (batch, a recent
+  loss, ETAs).
+
+Only stderr is written, never stdout (the MCP stdio channel), and only by the process of
+rank 0 (``RANK`` unset or 0): the other ranks of a distributed run stay quiet.
 
 The loop calls ``update`` after every optimizer step, so the per-step cost is one clock
-read and a comparison. Only when a snapshot is due (every ``LISTEN_S`` seconds of wall
-time, never per step) is the running loss read from the device, which is then the one
-host sync. A snapshot is also sent at an epoch's end when one was sent during that epoch,
-so that a listener never keeps a half-done epoch that has in fact ended.
+read and a comparison: the bar is redrawn every ``DRAW_S`` seconds, never per step. Only
+when a snapshot is due (every ``LISTEN_S`` seconds of wall time) is the running loss read
+from the device, which is then the one host sync. A snapshot is also sent at an epoch's end
+when one was sent during that epoch, so that a listener never keeps a half-done epoch that
+has in fact ended.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from tqdm import tqdm
+
 LISTEN_S = 2.0  # seconds of wall time between two snapshots for the listener
 DRAW_S = 0.1  # seconds between two redraws of the terminal bar
+PLAIN_S = 30.0  # seconds between two plain lines inside an epoch, off a terminal
+STOPPING = "stopping after this epoch; Ctrl+C again to interrupt"  # the first Ctrl+C
+
+_PLAIN = "{desc}: {n_fmt}/{total_fmt} batches ({percentage:.0f}%) [{elapsed}<{remaining}, {rate_fmt}{postfix}]"  # fmt: skip
+_PLAIN_OPEN = "{desc}: {n_fmt} batches [{elapsed}, {rate_fmt}{postfix}]"  # the batch count unknown
 
 
 @dataclass(frozen=True)
@@ -45,23 +63,65 @@ class Snapshot:
 Listener = Callable[[Snapshot], None]
 
 
+class _Bar(tqdm):  # type: ignore[misc]  # tqdm is untyped
+    """tqdm without its monitor thread: the bar is redrawn by ``update`` alone."""
+
+    monitor_interval = 0
+
+
+def _is_tty(stream: TextIO | None) -> bool:
+    return stream is not None and bool(getattr(stream, "isatty", lambda: False)())
+
+
+def _columns(stream: TextIO) -> int | None:
+    """The terminal's width, or None where it reports none (a pseudo terminal of size 0x0,
+    on which tqdm's own measure would hide the bar)."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return None
+    return columns if columns > 0 else None
+
+
+def _shows() -> bool:
+    """Whether this process writes progress: rank 0 of a distributed run, or the one process."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def notice(text: str, stream: TextIO | None = None) -> None:
+    """Write ``text`` on a line of its own to ``stream`` (stderr): on a terminal it starts
+    a new line, leaving the bar's line (and the ``^C`` the terminal echoed) as they are."""
+    stream = stream if stream is not None else sys.stderr
+    if stream is None or not _shows():  # no stderr at all (pythonw), or another rank's
+        return
+    stream.write(("\n" if _is_tty(stream) else "") + text + "\n")
+    stream.flush()
+
+
 class Progress:
-    """The bar is silent when ``stream`` is not a TTY; ``listener`` (when set) receives a
-    :class:`Snapshot` every ``every_s`` seconds while an epoch trains."""
+    """Writes to ``stream`` (stderr by default): a bar on a terminal, a plain line every
+    ``plain_every_s`` seconds inside an epoch elsewhere, each epoch's summary on both.
+    ``listener`` (when set) receives a :class:`Snapshot` every ``every_s`` seconds while an
+    epoch trains."""
 
     def __init__(
         self,
         stream: TextIO | None = None,
         listener: Listener | None = None,
         every_s: float = LISTEN_S,
+        plain_every_s: float = PLAIN_S,
     ) -> None:
         self.stream = stream if stream is not None else sys.stderr
-        self.enabled = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.shows = self.stream is not None and _shows()
+        self.tty = _is_tty(self.stream)
         self.listener = listener
         self.every_s = every_s
-        self._next_draw = 0.0
+        self.plain_every_s = plain_every_s
+        self._bar: Any = None  # the terminal's bar of the epoch in progress
+        self._next_show = 0.0
         self._next_note = 0.0
         self._epoch = -1  # the epoch the timings below belong to
+        self._max_epochs = 0
         self._first_t = 0.0  # when its first step ended
         self._first_done = 0
         self._mark: tuple[int, float] = (0, 0.0)  # (batches, loss sum) at the last snapshot
@@ -83,16 +143,20 @@ class Progress:
         epoch's running sum of losses (a tensor, read only when a snapshot is due)."""
         now = time.monotonic()
         if epoch != self._epoch:
-            self._start_epoch(epoch, done, now)
+            self._start_epoch(epoch, max_epochs, done, now)
         if self.listener is not None and now >= self._next_note:
             self._next_note = now + self.every_s
             self._note(epoch, max_epochs, done, total, step, loss_sum, now)
-        if self.enabled and (now >= self._next_draw or done == total):
-            self._next_draw = now + DRAW_S
-            self._draw(epoch, max_epochs, done, total)
+        if self.shows and (now >= self._next_show or (self.tty and done == total)):
+            self._next_show = now + (DRAW_S if self.tty else self.plain_every_s)
+            if self.tty:
+                self._draw(epoch, max_epochs, done, total, now)
+            else:
+                self._line(epoch, max_epochs, done, total, now)
 
     def epoch_end(self, summary: str) -> None:
-        """The epoch was validated, logged and checkpointed: time it, close its snapshot."""
+        """The epoch was validated, logged and checkpointed: time it, close its snapshot,
+        write its summary (with its duration and the run's ETA) in place of the bar."""
         now = time.monotonic()
         if self._epoch_started is not None:
             self._epoch_s = now - self._epoch_started
@@ -118,21 +182,45 @@ class Progress:
                     time.time(),
                 )  # fmt: skip
             )
-        if self.enabled:
-            self.stream.write(f"\r{summary:<60}\n")
+        if self._bar is not None:
+            self._bar.close()  # leave=False: its line is cleared for the summary
+            self._bar = None
+        if self.shows:
+            self.stream.write(summary + self._timing() + "\n")
             self.stream.flush()
 
     # -- internals ------------------------------------------------------------------------
-    def _start_epoch(self, epoch: int, done: int, now: float) -> None:
-        self._epoch = epoch
+    def _start_epoch(self, epoch: int, max_epochs: int, done: int, now: float) -> None:
+        if self._bar is not None:  # an epoch that ended without epoch_end (an exception)
+            self._bar.close()
+            self._bar = None
+        self._epoch, self._max_epochs = epoch, max_epochs
         self._first_t, self._first_done = now, done
         self._mark = (0, 0.0)
         self._noted_in_epoch = False
+        self._next_show = now if self.tty else now + self.plain_every_s
 
     def _per_batch(self, done: int, now: float) -> float:
         """Seconds per batch in this epoch so far (0 until two steps were timed)."""
         steps = done - self._first_done
         return (now - self._first_t) / steps if steps > 0 else 0.0
+
+    def _etas(
+        self, epoch: int, max_epochs: int, done: int, total: int | None, now: float
+    ) -> tuple[float | None, float | None]:
+        """Seconds left in this epoch's steps and in the run, when they can be estimated."""
+        per_batch = self._per_batch(done, now)
+        if total is None or per_batch <= 0:
+            return None, None
+        epoch_eta = per_batch * max(0, total - done)
+        whole = self._epoch_s if self._epoch_s is not None else per_batch * total
+        return epoch_eta, epoch_eta + max(0, max_epochs - epoch) * whole
+
+    def _run_eta(self, epoch: int, max_epochs: int, eta: float | None) -> str | None:
+        """The run's ETA as tqdm writes a duration, when later epochs remain."""
+        if eta is None or epoch >= max_epochs:
+            return None
+        return f"run ETA {tqdm.format_interval(eta)}"
 
     def _note(
         self, epoch: int, max_epochs: int, done: int, total: int | None, step: int | None,
@@ -145,12 +233,7 @@ class Progress:
             if done > seen:
                 loss = (total_loss - before) / (done - seen)
             self._mark = (done, total_loss)
-        per_batch = self._per_batch(done, now)
-        epoch_eta = eta = None
-        if total is not None and per_batch > 0:
-            epoch_eta = per_batch * max(0, total - done)
-            whole = self._epoch_s if self._epoch_s is not None else per_batch * total
-            eta = epoch_eta + max(0, max_epochs - epoch) * whole
+        epoch_eta, eta = self._etas(epoch, max_epochs, done, total, now)
         self._noted_in_epoch = True
         self._send(
             Snapshot(
@@ -165,9 +248,42 @@ class Progress:
         assert self.listener is not None
         self.listener(snapshot)
 
-    def _draw(self, epoch: int, max_epochs: int, done: int, total: int | None) -> None:
-        frac = done / total if total else 0.0
-        bar = "#" * int(20 * frac)
-        of = f"/{total}" if total else ""
-        self.stream.write(f"\repoch {epoch}/{max_epochs} [{bar:<20}] {done}{of}")
+    def _draw(self, epoch: int, max_epochs: int, done: int, total: int | None, now: float) -> None:
+        """The terminal's bar, opened at the epoch's first draw, moved to ``done``."""
+        bar = self._bar
+        if bar is None:
+            columns = _columns(self.stream)  # followed as the terminal resizes, when it has any
+            bar = self._bar = _Bar(
+                total=total, initial=self._first_done, desc=f"epoch {epoch}/{max_epochs}",
+                unit="batch", file=self.stream, leave=False,
+                dynamic_ncols=columns is not None, ncols=columns or 80,
+                mininterval=0, miniters=1,  # drawn when update() calls: every DRAW_S
+            )  # fmt: skip
+        postfix = self._run_eta(
+            epoch, max_epochs, self._etas(epoch, max_epochs, done, total, now)[1]
+        )
+        if postfix is not None:
+            bar.set_postfix_str(postfix, refresh=False)
+        bar.update(max(0, done - bar.n))
+
+    def _line(self, epoch: int, max_epochs: int, done: int, total: int | None, now: float) -> None:
+        """A plain progress line, for a log rather than a terminal."""
+        eta = self._etas(epoch, max_epochs, done, total, now)[1]
+        text = tqdm.format_meter(
+            done, total, now - self._first_t, prefix=f"epoch {epoch}/{max_epochs}",
+            unit="batch", initial=self._first_done, postfix=self._run_eta(epoch, max_epochs, eta),
+            bar_format=_PLAIN if total else _PLAIN_OPEN,
+        )  # fmt: skip
+        self.stream.write(text + "\n")
         self.stream.flush()
+
+    def _timing(self) -> str:
+        """`` (12.3 s, run ETA 01:23)`` after an epoch's summary: how long it took, and the
+        run's ETA counting each remaining epoch as long."""
+        if self._epoch_s is None:
+            return ""
+        left = self._max_epochs - self._epoch
+        text = f"{self._epoch_s:.1f} s"
+        if left > 0:
+            text += f", run ETA {tqdm.format_interval(left * self._epoch_s)}"
+        return f" ({text})"

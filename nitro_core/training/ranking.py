@@ -111,7 +111,7 @@ def resolve(
             "latest kept epoch, and a crash loses every epoch since. Add Last(1) to keep the "
             f"latest: Checkpointer(keep=({', '.join(map(str, ckpt.keep))}, Last(1))).",
             NitroWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
     if ckpt is not None and ckpt.best_only:
         warnings.warn(
@@ -120,7 +120,7 @@ def resolve(
             "latest kept epoch, and a crash loses every epoch since. Add Last(1) to keep the "
             f"latest: Checkpointer(keep=({', '.join(map(str, ckpt.keep))}, Last(1))).",
             NitroWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
     return Ranking(
         monitor=monitor if rankable else None,

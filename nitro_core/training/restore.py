@@ -44,7 +44,7 @@ from nitro_core.store import manifest, shards
 from nitro_core.store.manifest import ManifestEntry
 from nitro_core.training import fsdp_state, position
 from nitro_core.training.distributed import Dist
-from nitro_core.training.loggers import Logger
+from nitro_core.training.loggers import Logger, check_resume_backend
 from nitro_core.training.options import LoadOptions
 from nitro_core.training.position import Position
 from nitro_core.training.ranking import Ranking
@@ -97,7 +97,9 @@ def restore_full(n: Restorable, point: ResumePoint) -> Restored:
     construction and training must not move the resumed trajectory), and a mid-epoch
     record's data position, for ``train()`` to continue the epoch."""
     _check_anchor(n, point)
-    point.check_layout(records.model_layout(n.model, n.optimizer), n.logger.backend)
+    point.check_layout(records.model_layout(n.model, n.optimizer))
+    recorded = point.meta.get("logger", {}).get("backend")
+    check_resume_backend(point.file, recorded, n.logger.backend, n.experiment)
     if n.dist.strategy == "fsdp" and shards.is_sharded(point.path):  # this rank's pieces
         ema = n.ema.shadow if n.ema is not None else None
         expected = point.entry.expected if point.entry else None

@@ -116,8 +116,8 @@ class ResumePoint:
                 stacklevel=4,
             )
 
-    def check_layout(self, layout: dict[str, Any], logger_backend: str) -> None:
-        """Refuse a moved parameter layout or a different logger backend, with the diff."""
+    def check_layout(self, layout: dict[str, Any]) -> None:
+        """Refuse a moved parameter layout, with the diff."""
         recorded = self.meta["layout"]
         lines = _layout_diff(recorded, layout)
         if lines:
@@ -129,13 +129,6 @@ class ResumePoint:
                 "start a new run that takes only the weights: ",
                 WEIGHTS_ONLY,
                 ".",
-            )
-        was = self.meta.get("logger", {}).get("backend")
-        if was is not None and was != logger_backend:
-            raise ResumeRefused(
-                f"Cannot resume {self.file!r}: its logger state is for the {was!r} backend, the "
-                f"experiment's logger() now returns a {logger_backend!r} logger. Return the "
-                f"{was!r} logger from logger() to resume, or start a new run_dir."
             )
 
     def load(self) -> Record:

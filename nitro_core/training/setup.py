@@ -20,6 +20,7 @@ from nitro_core.experiment import Experiment
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.sources.resolve import partial_files
 from nitro_core.store import recordio as store
+from nitro_core.training import progress
 
 
 def resolve_run_dir(run_dir: str | Path | None, ckpt: Checkpointer | None, name: str) -> Path:
@@ -94,7 +95,8 @@ def summary(row: dict[str, Any]) -> str:
 
 
 def install_sigint(stop: Any) -> Any:
-    """Ctrl+C asks for a graceful stop; a second Ctrl+C interrupts at once."""
+    """Ctrl+C asks for a graceful stop and says so on stderr (``progress.STOPPING``); a
+    second Ctrl+C interrupts at once."""
     if threading.current_thread() is not threading.main_thread():
         return None
     pressed: list[bool] = []
@@ -104,6 +106,7 @@ def install_sigint(stop: Any) -> Any:
             raise KeyboardInterrupt
         pressed.append(True)
         stop()
+        progress.notice(progress.STOPPING)
 
     return signal.signal(signal.SIGINT, handler)
 

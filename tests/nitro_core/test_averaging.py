@@ -325,7 +325,7 @@ def test_a_handle_loaded_from_an_average_exports_its_provenance(run, tmp_path):
 def test_streams_that_disagree_on_the_tensor_are_refused_not_added():
     from nitro_core import CheckpointCorrupt
     from nitro_core.averaging import _lockstep
-    from nitro_core.store.reader import Tensor
+    from nitro_core.store.record_header import Tensor
 
     def stream(*names):
         for name in names:

@@ -27,6 +27,7 @@ from nitro_core import (
 )
 from nitro_core.examples import Classifier
 from nitro_core.store import recordio as store
+from nitro_core.store.section_check import SectionCheck
 
 from . import by_hand
 
@@ -147,13 +148,13 @@ def test_a_changed_header_is_caught_by_every_reader_of_a_listed_record(run):
 
 def test_a_weights_load_and_an_average_never_read_the_optimizer_bytes(run, monkeypatch):
     hashed: list[str] = []
-    real = store.RecordFile._hash
+    real = SectionCheck.hash
 
     def spy(self, sums, t, view):
         hashed.append(t.section)
         return real(self, sums, t, view)
 
-    monkeypatch.setattr(store.RecordFile, "_hash", spy)
+    monkeypatch.setattr(SectionCheck, "hash", spy)
     average_checkpoints(run, "latest => Average(Last(2))")
     assert set(hashed) == {"params", "ema", "buffers"}
     hashed.clear()
@@ -278,13 +279,13 @@ def test_a_stream_closed_early_leaves_the_next_pass_over_the_record_correct(
 
     d = trained if kind == "sections" else FIXTURE
     entry = read_manifest(d)[-1]
-    real = reader.RecordFile._hash
+    real = SectionCheck.hash
 
     def slow(self, sums, t, view):
         time.sleep(0.05)  # the job for the next piece is still running when the stream closes
         return real(self, sums, t, view)
 
-    monkeypatch.setattr(reader.RecordFile, "_hash", slow)
+    monkeypatch.setattr(SectionCheck, "hash", slow)
     with ThreadPoolExecutor(1) as pool, reader.RecordFile(d / entry.file, entry.expected) as r:
         first = r.stream(piece_bytes=64, hasher=pool)
         next(first)

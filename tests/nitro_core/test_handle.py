@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import signal
 import warnings
@@ -25,7 +24,6 @@ from nitro_core import (
     checkpoint_run,
     read_manifest,
 )
-from nitro_core.training.progress import Progress
 
 from .tiny import BestOnly, KeepLast, NoVal, Tiny, WithAcc
 
@@ -305,25 +303,7 @@ def test_mixed_metrics_in_a_directory_warn_and_are_never_deleted(tmp_path):
     ]
 
 
-# -- progress ---------------------------------------------------------------------------------
-class _Tty(io.StringIO):
-    def isatty(self):
-        return True
-
-
-def test_progress_is_silent_off_a_terminal_and_draws_on_one():
-    quiet, loud = io.StringIO(), _Tty()
-    for stream in (quiet, loud):
-        p = Progress(stream)
-        p.update(1, 3, 4, 4)
-        p.epoch_end("epoch 1 done")
-    assert quiet.getvalue() == ""
-    assert (
-        "epoch 1/3 [####################] 4/4" in loud.getvalue()
-        and "epoch 1 done" in loud.getvalue()
-    )
-
-
+# -- progress (the bar and the plain lines: test_progress.py) ----------------------------------
 def test_training_prints_nothing_to_stdout(tmp_path, capfd):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

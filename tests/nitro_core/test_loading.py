@@ -371,8 +371,10 @@ def test_a_different_logger_backend_refuses(tmp_path):
     with pytest.raises(ResumeRefused) as exc:
         Nitro(Silent(max_epochs=2), run_dir=tmp_path, resume="auto")
     assert str(exc.value).endswith(
-        "its logger state is for the 'jsonl' backend, the experiment's logger() now returns a 'null' "
-        "logger. Return the 'jsonl' logger from logger() to resume, or start a new run_dir."
+        "its logger state is for the 'jsonl' backend, this handle logs with 'null': a resume keeps "
+        "the run's logger so that its logs continue without gaps or repeats. Write "
+        "Nitro(..., logger='jsonl') (or, without logger=, return JSONLLogger() from "
+        "Silent.logger()); or start a new run_dir."
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nitro_core import CheckpointCorrupt
-from nitro_core.store import reader
+from nitro_core.store import reader, record_header
 from nitro_core.store import recordio as store
 
 from . import by_hand
@@ -36,7 +36,7 @@ def test_a_read_parses_the_header_once_and_returns_every_tensor(tmp_path, monkey
     path, digest, tensors = record(tmp_path)
     parses = []
     real = json.loads
-    monkeypatch.setattr(reader.json, "loads", lambda s, *a, **k: parses.append(1) or real(s))
+    monkeypatch.setattr(record_header.json, "loads", lambda s, *a, **k: parses.append(1) or real(s))
     loaded, meta = store.read_record(path, digest)
     assert len(parses) == 2  # the header, and the nitro metadata inside it
     assert loaded.keys() == tensors.keys() and meta["step"] == 1

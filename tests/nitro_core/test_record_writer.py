@@ -5,6 +5,7 @@ that compacts the journal."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from nitro_core import Checkpointer, Last, Nitro, read_manifest
 from nitro_core.store import journal, manifest
 from nitro_core.store import recordio as store
+from nitro_core.training import snapshot
 from nitro_core.training.checkpointing import OneFile, RecordFormat, RecordWriter
 from nitro_core.training.distributed import Dist
 from nitro_core.training.sharded_save import RecordDirectory
@@ -40,7 +42,7 @@ def test_either_format_is_named_kept_and_compacted_by_the_one_writer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, handle: Nitro, name: str
 ) -> None:
     monkeypatch.setattr(manifest, "SMALL", 0)  # every manifest counts as large: a journal
-    snap = handle._snapshot
+    snap = functools.partial(snapshot.take, handle)
     other = writer(tmp_path, "0000aaaa", name)
     other.save(1, 4, 0.5, None, snap)  # another run's record, under the same name
     other.drain()

@@ -130,8 +130,9 @@ def test_an_unknown_logger_choice_is_refused(tmp_path, choice):
     with pytest.raises(ConfigError) as err:
         Nitro(Tiny(), run_dir=tmp_path, logger=choice)
     assert str(err.value) == (
-        f"Nitro(logger={choice!r}) is not a logger; write logger='jsonl', logger='tensorboard', "
-        "a logger instance such as TensorBoardLogger(), or leave it out to use Tiny.logger()."
+        f"Nitro(logger={choice!r}) is not a logger; write logger='jsonl', 'tensorboard', "
+        "'mlflow' or 'wandb', a logger instance such as TensorBoardLogger(), or leave it out "
+        "to use Tiny.logger()."
     )
 
 

@@ -24,7 +24,10 @@ from nitro_mcp.cli import _parser
 from nitro_mcp.server import build_server
 
 REPO = Path(__file__).resolve().parents[2]
-EMA_REFUSAL = "load_ema=True loads the EMA copy of the checkpoint weights= names"  # Python's words
+EMA_REFUSAL = (  # the same refusal as a terminal writes it
+    "--load-ema loads the EMA copy of the checkpoint weights= names; write "
+    "nitro train ... --weights 'latest => best' --load-ema."
+)
 EMA_TOOL_REFUSAL = (  # the same refusal as a tool call writes it
     "load_ema=true loads the EMA copy of the checkpoint weights= names; write "
     "nitro_train(..., weights='latest => best', load_ema=true)."
@@ -95,7 +98,7 @@ def test_a_new_train_option_is_one_field_and_reaches_nitro_through_the_tool_job_
     assert out["end"]["error"].startswith(EMA_TOOL_REFUSAL), out["end"]
     # the CLI parsed --load-ema from the field and passed it to Nitro as well
     code, err = out["cli"]
-    assert code == 1 and err.startswith(f"nitro train: {EMA_REFUSAL}"), err
+    assert code == 2 and err.startswith(f"nitro train: {EMA_REFUSAL}"), err
 
 
 def test_the_tool_schema_the_job_spec_the_cli_and_nitro_take_the_call_models_fields(tmp_path):

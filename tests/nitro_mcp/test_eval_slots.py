@@ -13,7 +13,7 @@ from mcp import Client
 from nitro_core import Nitro
 from nitro_core.examples import Regression
 from nitro_core.jobs import JobManager
-from nitro_core.jobs import manager as manager_module
+from nitro_core.jobs import local as local_module
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
 from nitro_core.jobs.files import read_spec, read_status
 from nitro_mcp.cli import _parser
@@ -35,8 +35,8 @@ class Worker:
 
 
 def test_evaluations_take_their_own_slots_beside_trainings(tmp_path, monkeypatch):
-    monkeypatch.setattr(manager_module.subprocess, "Popen", Worker)
-    monkeypatch.setattr(manager_module, "alive", lambda pid, start: True)
+    monkeypatch.setattr(local_module.subprocess, "Popen", Worker)
+    monkeypatch.setattr(local_module, "alive", lambda pid, start: True)
     jobs = JobManager(tmp_path, max_jobs=1, max_eval_jobs=1)
     run = str(tmp_path / "runs/r")
     train = [jobs.submit(TrainCall(experiment="Regression", run_dir=run)) for _ in range(2)]

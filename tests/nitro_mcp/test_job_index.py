@@ -11,8 +11,7 @@ from pathlib import Path
 import anyio
 from mcp import Client
 
-from nitro_core.jobs import JobManager
-from nitro_core.jobs import manager as manager_module
+from nitro_core.jobs import JobManager, listing, local, manager
 from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import JobSpec, JobStatus
 from nitro_core.jobs.index import INDEX_NAME
@@ -44,13 +43,14 @@ class Reads:
 
     def __init__(self, monkeypatch) -> None:
         self.count = 0
-        real = manager_module.read_status
+        real = manager.read_status
 
         def counted(directory):
             self.count += 1
             return real(directory)
 
-        monkeypatch.setattr(manager_module, "read_status", counted)
+        for module in (manager, listing, local):  # every module the manager reads through
+            monkeypatch.setattr(module, "read_status", counted)
 
 
 def test_listing_reads_the_index_and_the_live_jobs_only(tmp_path, monkeypatch):

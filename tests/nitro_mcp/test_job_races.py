@@ -17,7 +17,7 @@ import pytest
 from mcp import Client
 
 from nitro_core.jobs import JobManager
-from nitro_core.jobs import manager as manager_module
+from nitro_core.jobs import local as local_module
 from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import job_dir, process_start, read_status
 from nitro_core.jobs.status import update_status, update_status_if
@@ -52,9 +52,9 @@ def test_a_fast_workers_result_is_not_overwritten_by_the_launch_record(tmp_path,
         def poll(self):
             return 1
 
-    monkeypatch.setattr(manager_module.subprocess, "Popen", FastWorker)
+    monkeypatch.setattr(local_module.subprocess, "Popen", FastWorker)
     jobs.max_jobs = 1
-    jobs._launch(job_id)
+    jobs.local.launch(job_id)
     status = read_status(directory)
     assert (status.state, status.phase, status.error, status.pid) == (
         "failed",
@@ -74,9 +74,9 @@ def test_a_launch_record_before_the_worker_reports_sets_the_pid(tmp_path, monkey
         def poll(self):
             return None
 
-    monkeypatch.setattr(manager_module.subprocess, "Popen", SlowWorker)
+    monkeypatch.setattr(local_module.subprocess, "Popen", SlowWorker)
     jobs.max_jobs = 1
-    jobs._launch(job_id)
+    jobs.local.launch(job_id)
     status = read_status(directory)
     assert (status.state, status.phase, status.pid) == ("running", "starting", 4_000_002)
 
@@ -89,13 +89,13 @@ def test_a_forced_stop_keeps_a_result_recorded_just_before_the_kill(tmp_path, mo
             directory, {"queued"}, state="running", phase="training",
             pid=sleeper.pid, pid_start=process_start(sleeper.pid),
         )  # fmt: skip
-        real_killpg = manager_module.os.killpg
+        real_killpg = local_module.os.killpg
 
         def worker_finishes_first(pid, sig):
             _end(directory, "succeeded", phase="done", result={"run_id": "r1"})
             real_killpg(pid, sig)
 
-        monkeypatch.setattr(manager_module.os, "killpg", worker_finishes_first)
+        monkeypatch.setattr(local_module.os, "killpg", worker_finishes_first)
         returned = jobs.stop(job_id, force=True)
     finally:
         sleeper.kill()

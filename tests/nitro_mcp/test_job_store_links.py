@@ -18,7 +18,7 @@ from mcp import Client
 
 from nitro_core.errors import UnsafePath
 from nitro_core.jobs import JobManager
-from nitro_core.jobs import manager as manager_module
+from nitro_core.jobs import local as local_module
 from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import append_event, job_dir, log_tail, read_spec, read_status
 from nitro_core.jobs.status import update_status, update_status_if
@@ -115,7 +115,7 @@ def test_a_job_directory_link_is_skipped_when_listing_and_refused_by_name(layout
     root, outside = layout
     jobs, job_id, _ = queued(root)
     (root / ".nitro" / "jobs" / "j1").symlink_to(outside / "jobs" / "j1")
-    with caplog.at_level(logging.DEBUG, logger="nitro_core.jobs.manager"):
+    with caplog.at_level(logging.DEBUG, logger="nitro_core.jobs.listing"):
         assert [s.job_id for s in jobs.list()] == [job_id]
     assert "skipping j1 in the job store: it is a symbolic link" in caplog.messages
     with pytest.raises(UnsafePath) as exc:
@@ -178,7 +178,7 @@ def test_a_log_link_fails_the_job_at_launch_and_is_never_read(layout, monkeypatc
     def no_worker(*args, **kwargs):
         raise AssertionError("a worker was started with its log through a link")
 
-    monkeypatch.setattr(manager_module.subprocess, "Popen", no_worker)
+    monkeypatch.setattr(local_module.subprocess, "Popen", no_worker)
     jobs.max_jobs = 1
     jobs.pump()
     status = read_status(directory)

@@ -399,7 +399,7 @@ def test_a_tensorboard_run_resumes_with_its_logger_and_continues_one_event_strea
     assert refused[1].endswith(
         "whose logger state is for the 'tensorboard' backend, but this call logs with 'jsonl': "
         "a resume keeps the run's logger so that its logs continue without gaps or repeats. "
-        "Send nitro_train(experiment='Classifier', run_dir='runs/Classifier', resume='auto', "
+        "Set logger='tensorboard': send nitro_train(experiment='Classifier', run_dir='runs/Classifier', resume='auto', "
         "overrides={'max_epochs': 3, 'samples': 128}, logger='tensorboard')."
     )
     acc = EventAccumulator(str(tmp_path / "runs/Classifier/logs/tb" / run))
@@ -413,9 +413,10 @@ def test_a_tensorboard_run_resumes_with_its_logger_and_continues_one_event_strea
     [
         (
             "tb",
-            "logger='tb' is not a logger; send logger='jsonl' or logger='tensorboard' (event "
-            "files in <run_dir>/logs/tb/<run>/, beside the JSONL log), or leave it out for the "
-            "experiment's own logger().",
+            "logger='tb' is not a logger; send logger='jsonl', 'tensorboard' (event files in "
+            "<run_dir>/logs/tb/<run>/, beside the JSONL log), 'mlflow' or 'wandb' (an MLflow or "
+            "W&B run, set by MLFLOW_TRACKING_URI or WANDB_MODE, WANDB_PROJECT where the server "
+            "runs), or leave it out for the experiment's own logger().",
         ),
     ],
 )
@@ -448,3 +449,17 @@ def test_cli_train_takes_a_logger(tmp_path):
                  "--set", "samples=64", "--logger", "tensorboard"])  # fmt: skip
     assert code == 0
     assert list((tmp_path / "runs/C/logs/tb").glob("*/events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("logger", ["mlflow", "wandb"])
+def test_nitro_train_with_a_tracker_missing_says_how_to_install_it(tmp_path, monkeypatch, logger):
+    monkeypatch.setitem(sys.modules, logger, None)
+
+    async def body(client):
+        return await call(client, "nitro_train", experiment="Classifier", logger=logger)
+
+    assert run_tools(tmp_path, body) == refused(
+        "nitro_train",
+        f"logger='{logger}' needs the {logger} package where the server runs: pip install "
+        f"'nitro[{logger}]' there and restart the server, or send logger='jsonl'.",
+    )

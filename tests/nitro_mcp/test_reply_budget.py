@@ -252,7 +252,9 @@ def test_the_listing_carries_every_output_schema_within_its_budget_and_schemas_s
     }  # fmt: skip
     # closed sets and bounds are in the schema an agent reads
     assert train.input_schema["properties"]["strategy"]["enum"] == ["auto", "ddp", "fsdp"]
-    assert train.input_schema["properties"]["logger"]["enum"] == ["jsonl", "tensorboard"]
+    assert train.input_schema["properties"]["logger"]["enum"] == [
+        "jsonl", "tensorboard", "mlflow", "wandb",
+    ]  # fmt: skip
     nproc = train.input_schema["properties"]["nproc"]
     assert (nproc["minimum"], nproc["maximum"]) == (1, 64)
     assert train.output_schema["properties"]["next"] == {"type": "string"}

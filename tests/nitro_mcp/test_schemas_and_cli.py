@@ -61,23 +61,24 @@ def test_cli_train_runs_info_manifest_and_average(tmp_path, capsys):
     assert main(["runs", run]) == 0
     assert "[completed]" in capsys.readouterr().out
     entries = read_manifest(run)
-    assert main(["info", f"{run}/{entries[-1].file}"]) == 0
-    info = json.loads(capsys.readouterr().out)
-    assert info["epoch"] == 2 and "rng" not in info
-    assert main(["manifest", run]) == 0
-    assert [e["file"] for e in json.loads(capsys.readouterr().out)] == [e.file for e in entries]
-    assert main(["average", run, "--source", "latest => Average(Last(2))"]) == 0
+    assert main(["info", f"{run}/{entries[-1].file}", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)["header"]
+    assert info["epoch"] == 2 and info["rng"].startswith("(omitted")
+    assert main(["manifest", run, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["entries"]
+    assert [e["file"] for e in listed] == [e.file for e in entries]
+    assert main(["average", run, "--source", "latest => Average(Last(2))", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["averaged_from"]["epochs"] == [1, 2]
-    assert main(["average", run, "--source", "latest => Average(Last(5))"]) == 1
+    assert main(["average", run, "--source", "latest => Average(Last(5))"]) == 2  # refused
     assert "Last(5) needs 5 points and the run passed 2" in capsys.readouterr().err
-    assert main(["validate", "Regression", "--run-dir", run, "--set", "samples=128"]) == 0
+    assert main(["validate", "Regression", "--run-dir", run, "--set", "samples=128", "--json"]) == 0
     repeated = json.loads(capsys.readouterr().out)["metrics"]
-    assert main(["validate", "Regression", "--run-dir", run]) == 0  # the record's config
+    assert main(["validate", "Regression", "--run-dir", run, "--json"]) == 0  # the record's config
     assert json.loads(capsys.readouterr().out)["metrics"] == repeated
 
 
-def test_cli_reports_errors_on_stderr_with_status_1(tmp_path, capsys):
-    assert main(["train", "Nope", "--run-dir", str(tmp_path)]) == 1
+def test_cli_reports_a_refusal_on_stderr_with_status_2(tmp_path, capsys):
+    assert main(["train", "Nope", "--run-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("nitro train: Unknown experiment 'Nope'")
 
 
@@ -90,6 +91,6 @@ def test_cli_refuses_a_run_directory_that_does_not_exist_or_is_a_file(tmp_path, 
             (str(tmp_path / "file"), "is a file, not a directory; give a run directory, e.g. "
              "runs/Classifier."),
         ):  # fmt: skip
-            assert main([*command, given]) == 1, command
+            assert main([*command, given]) == 2, command
             out, err = capsys.readouterr()
             assert out == "" and err == f"nitro {command[0]}: {given!r} {why}\n"

@@ -315,10 +315,10 @@ def test_two_servers_over_one_root_launch_a_queued_job_once(tmp_path):
     )
     assert job.state == "queued"
     first.max_jobs = second.max_jobs = 1
-    first._launch(job.job_id)
-    second._launch(job.job_id)  # lost the claim: must not start a second worker
+    first.local.launch(job.job_id)
+    second.local.launch(job.job_id)  # lost the claim: must not start a second worker
     events = (tmp_path / ".nitro/jobs" / job.job_id / "events.jsonl").read_text()
-    assert len(first._children) == 1 and len(second._children) == 0
+    assert len(first.local._children) == 1 and len(second.local._children) == 0
     deadline = time.monotonic() + 120
     while first.status(job.job_id).state == "running" and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -1,0 +1,201 @@
+"""The local executor (``executor="local"``, the default): each job a worker process on this
+machine, started from Nitro's own queue when a slot of its kind is free.
+
+The queue: at most ``max_jobs`` trainings and, in slots of their own, ``max_eval_jobs``
+validations and averages run at once; later ones wait, oldest first, and a job that names
+another (``after``) waits for its end (:func:`startable` decides; the job manager's ``pump``
+starts what it names, under one lock with every other server and ending worker). Workers
+run in their own session, so they outlive the server and a client's disconnect. A running
+job whose worker vanished without recording an end is ``lost`` (``stopped`` when a stop had
+reached it). Stopping: a queued job is cancelled; a running one gets the ``stop_requested``
+flag and SIGTERM (graceful), or SIGKILL to its process group (forced).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from nitro_core.errors import UnsafePath
+from nitro_core.jobs.files import (
+    TERMINAL,
+    JobSpec,
+    JobStatus,
+    alive,
+    job_dir,
+    note_event,
+    open_log,
+    read_spec,
+    read_status,
+)
+from nitro_core.jobs.status import compare_and_set, update_status_if
+from nitro_core.store.manifest import now_iso
+
+
+class LocalExecutor:
+    """Worker processes of the jobs under ``root``; ``pump`` starts queued jobs while slots
+    are free (after a submit, and after a stop that ended a job)."""
+
+    def __init__(self, root: Path, pump: Callable[[], None]) -> None:
+        self.root = root
+        self._pump = pump
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+
+    def submit(self, directory: Path, spec: JobSpec) -> None:
+        """The job is queued: it starts now if a slot is free, else when one frees."""
+        self._pump()
+
+    def launch(self, job_id: str) -> None:
+        """Claim the queued job and start its worker; a job another server claimed, or one
+        stopped meanwhile, is left alone, and a worker that cannot start fails the job."""
+        directory = job_dir(self.root, job_id)
+        if (
+            update_status_if(
+                directory, {"queued"}, state="running", phase="launching", started=now_iso()
+            )
+            is None
+        ):
+            return  # another server claimed it, or it was stopped meanwhile
+        try:
+            with open_log(directory) as log_file:  # the child keeps its own copy
+                child = subprocess.Popen(
+                    # -P: the root (cwd) is not on sys.path, so files there cannot shadow modules
+                    [sys.executable, "-P", "-m", "nitro_core.jobs.worker", str(directory)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.root,
+                    start_new_session=True,  # outlives the server and a client's disconnect
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+        except UnsafePath as exc:  # log.txt is a link
+            update_status_if(
+                directory, {"running"}, state="failed", phase="failed", ended=now_iso(),
+                error=str(exc), hint="Remove the link, then submit the job again.",
+            )  # fmt: skip
+            return
+        except OSError as exc:
+            update_status_if(
+                directory, {"running"}, state="failed", phase="failed", ended=now_iso(),
+                error=f"Cannot start the worker process: {exc}.",
+                hint="Check that the server's Python can run 'python -m nitro_core.jobs.worker', "
+                "then call again.",
+            )  # fmt: skip
+            return
+        self._children[job_id] = child
+        # only a worker that has not yet reported itself: a fast one may have ended already
+        compare_and_set(
+            directory,
+            lambda s: s.state == "running" and s.pid is None,
+            phase="starting",
+            pid=child.pid,
+        )
+
+    def refresh(self, directory: Path, status: JobStatus) -> JobStatus:
+        """Reap a finished child; mark a running job whose worker vanished as lost."""
+        child = self._children.get(status.job_id)
+        if child is not None and child.poll() is not None:
+            self._children.pop(status.job_id, None)
+        if status.state != "running" or alive(status.pid, status.pid_start) or _launching(status):
+            return status
+
+        def vanished(s: JobStatus) -> bool:  # checked again under the lock: it may have ended
+            return s.state == "running" and not alive(s.pid, s.pid_start) and not _launching(s)
+
+        if status.stop_requested:  # SIGTERM reached it before it could record the stop
+            ended = compare_and_set(
+                directory, vanished, state="stopped", phase="cancelled", ended=now_iso()
+            )
+            event = "stopped"
+        else:  # the MCP layer writes the call that continues its run
+            ended = compare_and_set(
+                directory, vanished, state="lost", phase="lost", ended=now_iso(),
+                error=f"The worker process {status.pid} ended without recording a result "
+                "(killed, or the machine restarted).",
+            )  # fmt: skip
+            event = "lost"
+        if ended is None:
+            return read_status(directory)
+        note_event(directory, {"time": now_iso(), "event": event})
+        return ended
+
+    def stop(self, directory: Path, status: JobStatus, force: bool) -> JobStatus:
+        """Cancel a queued job; ask a running one's worker to stop (SIGTERM, with the flag
+        it watches), or kill its process group (``force``)."""
+        if status.state == "queued":
+            cancelled = update_status_if(
+                directory, {"queued"}, state="stopped", phase="cancelled", ended=now_iso()
+            )
+            if cancelled is not None:
+                note_event(directory, {"time": now_iso(), "event": "stopped"})
+                self._pump()
+                return cancelled
+        # the flag first: a worker without a pid yet reads it when it starts, and one that
+        # misses the signal reads it at its next safe point
+        flagged = update_status_if(directory, {"running"}, stop_requested=True)
+        if flagged is None or flagged.pid is None:
+            return read_status(directory)
+        sig = signal.SIGKILL if force else signal.SIGTERM
+        try:
+            os.killpg(flagged.pid, sig) if force else os.kill(flagged.pid, sig)
+        except ProcessLookupError:
+            return self.refresh(directory, read_status(directory))
+        note_event(directory, {"time": now_iso(), "event": "kill" if force else "stop_requested"})
+        if not force:
+            return read_status(directory)
+        child = self._children.pop(status.job_id, None)
+        if child is not None:
+            child.wait(timeout=10)
+        killed = update_status_if(
+            directory, {"running"}, state="stopped", phase="killed", ended=now_iso()
+        )  # the MCP layer writes the call that resumes it
+        self._pump()
+        return killed if killed is not None else read_status(directory)
+
+
+def startable(
+    statuses: list[JobStatus], max_jobs: int, max_eval_jobs: int, root: Path
+) -> list[str]:
+    """The queued jobs among ``statuses`` (the local jobs not ended) to start now, oldest
+    first, while a slot of their kind is free: fewer than ``max_jobs`` trainings, or fewer
+    than ``max_eval_jobs`` validations and averages, running; a job queued behind one that
+    has not ended waits."""
+    limit = {True: max_jobs, False: max_eval_jobs}  # by "is a training"
+    running = {True: 0, False: 0}
+    for s in statuses:
+        running[s.kind == "train"] += s.state == "running"
+    queued = sorted((s for s in statuses if s.state == "queued"), key=lambda s: s.created)
+    out = []
+    for s in queued:
+        train = s.kind == "train"
+        if running[train] >= limit[train]:
+            continue
+        if _waits(root, s.job_id, statuses):  # queued behind a job not yet ended
+            continue
+        out.append(s.job_id)
+        running[train] += 1
+    return out
+
+
+def _waits(root: Path, job_id: str, statuses: list[JobStatus]) -> bool:
+    """Whether the queued job names (``after``) a job that is still queued or running."""
+    try:
+        after = read_spec(job_dir(root, job_id)).after
+    except (OSError, ValueError):  # unreadable: it fails on its own when it starts
+        return False
+    return after is not None and any(
+        s.job_id == after and s.state not in TERMINAL for s in statuses
+    )
+
+
+def _launching(status: JobStatus) -> bool:
+    """Claimed by a server that has not recorded the worker's pid yet (a moment, normally)."""
+    if status.pid is not None or status.phase != "launching" or status.started is None:
+        return False
+    started = datetime.fromisoformat(status.started.replace("Z", "+00:00"))
+    return (datetime.now(UTC) - started).total_seconds() < 30

@@ -1,0 +1,279 @@
+"""What a handle holds, built at construction: one function per phase of ``Nitro(...)``.
+
+Each takes plain values (the experiment, the run directory, the process group, the seed)
+and returns what the handle keeps, refusing at setup what could never train: the
+experiment's checkpointer, where the run lives (directory, device, process group, step
+settings), the record a resume continues and the run's seed and id, the data and model with
+its optimizer and step, the schedule, the weight trackers (EMA, decay anchor), the watchers
+(ranking, early stopping, plateau), the logger and the record writer. The handle
+(:mod:`nitro_core.training.handle`) calls them in order and holds the results.
+"""
+
+from __future__ import annotations
+
+import secrets
+import warnings
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from nitro_core.errors import CheckpointerFix, ConfigError, NitroWarning
+from nitro_core.experiment import Experiment, check_required_hooks
+from nitro_core.policy import ranked
+from nitro_core.policy.selectors import Checkpointer
+from nitro_core.sources.grammar import HF_PREFIX, Average, HFDirectory, Pair
+from nitro_core.state.anchor import W0Anchor
+from nitro_core.state.ema import EMA, EMATracker
+from nitro_core.store import manifest
+from nitro_core.store import recordio as store
+from nitro_core.training import distributed, ranking, setup, sharding
+from nitro_core.training.checkpointing import OneFile, RecordWriter
+from nitro_core.training.distributed import Dist
+from nitro_core.training.loggers import Logger, MutedLogger, choose_logger
+from nitro_core.training.resume import ResumePoint, latest_point, resume_from_source
+from nitro_core.training.sharded_save import RecordDirectory
+from nitro_core.training.step import Stepper, StepSettings, split_compiled, step_settings
+from nitro_core.training.stopping import EarlyStopper, EarlyStopping, Plateau
+
+
+class Place(NamedTuple):
+    """Where the run lives, on which device, in which process group, with which step."""
+
+    run_dir: Path
+    dist: Dist
+    device: torch.device
+    step_settings: StepSettings
+
+
+class Identity(NamedTuple):
+    """The run's seed and id (a resumed record's, or new ones) and what it branched from."""
+
+    seed: int
+    run_id: Any  # rank 0's, broadcast to every rank
+    parent: str | None
+
+
+class Training(NamedTuple):
+    """The data splits (each rank's share), the model and its optimizer and step."""
+
+    data: dict[str, Any]
+    model: torch.nn.Module  # records go through the uncompiled module
+    eval_model: torch.nn.Module  # evaluation's forward passes (compiled, never DDP's)
+    forward_model: torch.nn.Module  # training's forward passes (DDP's wrapper, compiled)
+    optimizer: torch.optim.Optimizer
+    stepper: Stepper | None  # None: the plain step
+
+
+class Trackers(NamedTuple):
+    """What follows the weights step by step: the EMA and the decay anchor."""
+
+    ema: EMATracker | None
+    anchor: W0Anchor | None
+
+
+class Watchers(NamedTuple):
+    """What watches the points: the ranking, early stopping, the plateau schedule."""
+
+    ranking: ranking.Ranking
+    early_stopper: EarlyStopper | None
+    plateau: Any | None
+
+
+def check_experiment(experiment: Experiment) -> Checkpointer | None:
+    """The experiment's checkpointer hook, once the experiment is one with its hooks."""
+    if not isinstance(experiment, Experiment):
+        raise ConfigError(
+            f"Nitro(experiment=...) got {type(experiment).__name__}; pass an instance of an "
+            "Experiment subclass, e.g. Nitro(Regression(hidden=64))."
+        )
+    check_required_hooks(experiment)
+    ckpt = experiment.checkpointer()
+    if ckpt is not None and not isinstance(ckpt, Checkpointer):
+        raise ConfigError(
+            f"{type(experiment).__name__}.checkpointer() returned {ckpt!r}; return ",
+            CheckpointerFix("keep=..."),
+            " or None.",
+        )
+    return ckpt
+
+
+def place(
+    experiment: Experiment,
+    ckpt: Checkpointer | None,
+    run_dir: str | Path | None,
+    device: str | torch.device,
+    strategy: str,
+) -> Place:
+    """Where the run lives, on which device, in which process group."""
+    where = setup.resolve_run_dir(run_dir, ckpt, type(experiment).__name__)
+    chosen = setup.resolve_device(device)
+    # "auto" and "cuda" leave the GPU to the rank (cuda:LOCAL_RANK); "cuda:1" pins it
+    dist, on = distributed.join(strategy, chosen, requested=chosen.index is not None)
+    return Place(where, dist, on, step_settings(experiment, on))
+
+
+def resume_point(
+    resume: Any, run_dir: Path, entries: list[manifest.ManifestEntry]
+) -> ResumePoint | None:
+    """The record a resume continues, or None for a fresh run."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        if not entries:
+            warnings.warn(
+                f"resume='auto' found nothing to resume in {str(run_dir)!r}; starting a fresh run.",
+                NitroWarning,
+                stacklevel=3,
+            )
+            return None
+        return latest_point(entries, run_dir)
+    return resume_from_source(resume, run_dir, entries)
+
+
+def name_run(
+    point: ResumePoint | None, seed: int | None, experiment: Experiment, where: Place
+) -> Identity:
+    """The seed and the run id: a resumed record's, or new ones."""
+    if point is not None:
+        seed = check_resumable(point, seed, experiment, where)
+    checked = setup.check_seed(seed)
+    # every rank writes under rank 0's id
+    run_id = where.dist.broadcast(
+        point.continue_run if point and point.continue_run else secrets.token_hex(4)
+    )
+    parent = point.parent if point else None
+    if point is not None and point.continue_run is None:
+        warnings.warn(
+            f"Resuming {point.file!r} (epoch {point.meta['epoch']} of run "
+            f"{point.meta.get('run')}), which is not its run's latest record in "
+            f"{str(where.run_dir)!r}: this branches into a new run {run_id} with parent "
+            f"{parent}; the original run's later epochs stay untouched.",
+            NitroWarning,
+            stacklevel=3,
+        )
+    return Identity(checked, run_id, parent)
+
+
+def check_resumable(
+    point: ResumePoint, seed: int | None, experiment: Experiment, where: Place
+) -> int:
+    """Refuse a resume that could not be exact; returns the recorded seed."""
+    point.check_resumable()
+    point.check_config(experiment)
+    point.check_step(experiment, where.step_settings)
+    if seed is not None and seed != point.seed:
+        warnings.warn(
+            f"seed={seed} ignored: resuming {point.file!r} restores its recorded seed "
+            f"{point.seed}. Drop the seed keyword, or start a new run_dir to use seed={seed}.",
+            NitroWarning,
+            stacklevel=4,
+        )
+    point.check_environment(torch.get_num_threads(), where.device)
+    return point.seed
+
+
+def training(experiment: Experiment, where: Place, seed: int) -> Training:
+    """The data splits (each rank's share), the model and its optimizer and step."""
+    dist, device, settings = where.dist, where.device, where.step_settings
+    data = sharding.shard_splits(
+        setup.build_splits(experiment), dist, seed, type(experiment).__name__
+    )
+    # records go through the uncompiled module; forward passes through the compiled one,
+    # and training's through DDP when there is one (evaluation bypasses it: it syncs
+    # nothing, and ranks may evaluate unequal shares)
+    built = distributed.shard_model(experiment.build_model().to(device), dist)
+    model, eval_model = split_compiled(built, settings.compile)
+    forward_model = distributed.wrap(model, eval_model, dist)
+    optimizer = experiment.build_optimizer(model)
+    stepper = None if settings.plain else Stepper(settings, optimizer, device)
+    return Training(data, model, eval_model, forward_model, optimizer, stepper)
+
+
+def schedule(
+    experiment: Experiment, optimizer: torch.optim.Optimizer, train: Any, settings: StepSettings
+) -> Any:
+    """The experiment's learning-rate schedule over the run's optimizer steps, or None."""
+    steps = (
+        experiment.max_epochs * settings.steps_per_epoch(len(train))
+        if hasattr(train, "__len__")
+        else None
+    )
+    return experiment.lr_scheduler(optimizer, steps)
+
+
+def trackers(
+    experiment: Experiment, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> Trackers:
+    """The EMA of the weights and the decay anchor the experiment asks for."""
+    name = type(experiment).__name__
+    ema = experiment.ema()
+    setup.check_kind(name, "ema", ema, EMA)
+    tracker = EMATracker(model, ema.decay) if ema is not None else None
+    anchor = experiment.decay_anchor()
+    if anchor not in ("zero", "w0"):
+        raise ConfigError(f"{name}.decay_anchor() returned {anchor!r}; return 'zero' or 'w0'.")
+    return Trackers(tracker, W0Anchor(optimizer) if anchor == "w0" else None)
+
+
+def watchers(
+    experiment: Experiment,
+    ckpt: Checkpointer | None,
+    splits: list[str],
+    optimizer: torch.optim.Optimizer,
+) -> Watchers:
+    """The ranking of the run's points, and the stops and schedule that watch its monitor."""
+    name = type(experiment).__name__
+    early, plateau = experiment.early_stopping(), experiment.plateau()
+    setup.check_kind(name, "early_stopping", early, EarlyStopping)
+    setup.check_kind(name, "plateau", plateau, Plateau)
+    ranked = ranking.resolve(experiment, ckpt, splits, early, plateau)
+    mode = ranked.monitor[1] if ranked.monitor else "min"
+    return Watchers(
+        ranked,
+        EarlyStopper(early, mode) if early is not None else None,
+        plateau.build(optimizer, mode) if plateau is not None else None,
+    )
+
+
+def logger(experiment: Experiment, choice: Any, dist: Dist) -> Logger:
+    """The run's logger: the one asked for, or the experiment's; muted off rank 0."""
+    chosen = choose_logger(experiment, choice)
+    if not dist.main:  # rank 0 logs for the run
+        return MutedLogger(chosen.backend)
+    return chosen
+
+
+def weights_parent(
+    source: Any, loaded: Path | None, averaged_from: dict[str, Any] | None
+) -> str | None:
+    """What a run started with ``weights=`` branched from, for its entries' ``parent``:
+    '<run>/<file>' of the record loaded, or '<run> => Average(...)' for an average."""
+    if isinstance(source, Pair) and isinstance(source.pick, Average) and averaged_from:
+        return f"{averaged_from['run']} => {source.pick}"
+    if loaded is None:
+        return None
+    if isinstance(source, HFDirectory):  # no record header: the directory it came from
+        return f"{HF_PREFIX}{loaded}"
+    run = store.read_header(loaded).get("run") or "?"
+    return f"{run}/{loaded.name}"
+
+
+def record_writer(
+    ckpt: Checkpointer | None,
+    where: Place,
+    run_id: str,
+    pair: ranked.Pair,
+    parent: str | None,
+) -> RecordWriter | None:
+    """The run's record writer, on every rank (FSDP: each writes its shards; DDP: rank 0
+    writes, every rank agrees on errors), or None when the experiment keeps no records."""
+    if ckpt is None:
+        return None
+    dist = where.dist
+    fmt = (
+        RecordDirectory(dist, ckpt.async_write)
+        if dist.strategy == "fsdp"
+        else OneFile(ckpt.async_write)
+    )
+    return RecordWriter(where.run_dir, ckpt, run_id, pair, parent, dist, fmt)

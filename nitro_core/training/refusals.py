@@ -1,0 +1,48 @@
+"""The refusals ``train()`` makes before it trains: another process holds the run, the run
+moved on since the handle was built, or its step budget is spent. Each takes plain values
+and raises :class:`~nitro_core.errors.TrainingRefused` with the call to write instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NoReturn
+
+from nitro_core.errors import TrainingRefused
+from nitro_core.store import manifest
+from nitro_core.training.budget import Budget
+
+
+def refuse_held(run_dir: Path, run_id: str) -> NoReturn:
+    """Refuse to train a run another process trains now (it holds the run's lock)."""
+    raise TrainingRefused(
+        f"Run {run_id} in {str(run_dir)!r} is being trained by another process "
+        "right now; two processes continuing one run would overwrite each other's "
+        "records. Wait for it to end, or start a separate run (resume='false', or "
+        "another run_dir)."
+    )
+
+
+def refuse_stale_point(run_dir: Path, run_id: str, step: int, epoch: int) -> None:
+    """Refuse to train when the run moved on since the handle was built (another handle
+    or process trained it further): its epochs would be written twice under one id."""
+    ahead = [e for e in manifest.read_manifest(run_dir) if e.run == run_id and e.step > step]
+    if ahead:
+        e = ahead[-1]
+        raise TrainingRefused(
+            f"Run {run_id} in {str(run_dir)!r} has moved on since this handle was "
+            f"built: the handle is at epoch {epoch} (step {step}), and the manifest "
+            f"now lists epoch {e.epoch} (step {e.step}, {e.file!r}) written by another handle. "
+            "Training from here would write those epochs twice under one run id. Build a new "
+            f"handle that continues from there: Nitro(..., run_dir={str(run_dir)!r}, "
+            f"resume='{run_id} => latest')."
+        )
+
+
+def refuse_spent_budget(budget: Budget, run_dir: Path, run_id: str, step: int) -> None:
+    """Refuse to train a run whose ``max_steps`` it has reached already."""
+    if not budget.left(step):
+        raise TrainingRefused(
+            f"Run {run_id} in {str(run_dir)!r} is at step {step}, and "
+            f"max_steps={budget.max_steps} leaves no step to train. Raise max_steps "
+            f"above {step} (it counts the run's steps from its start), or leave it out."
+        )
