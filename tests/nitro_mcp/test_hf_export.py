@@ -177,6 +177,7 @@ def nitro(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # four processes that import torch and transformers (~18 s)
 def test_nitro_export_format_hf_and_plain_weights_from_the_terminal(root, tmp_path):
     run_dir = str(root / "runs/HFCausalLM")
     done = nitro("export", AVERAGE, "cli-hf", "--run-dir", run_dir, "--format", "hf",
