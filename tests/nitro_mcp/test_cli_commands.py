@@ -201,3 +201,51 @@ def test_the_module_runs_as_a_program_with_json_on_stdout_and_nothing_on_stderr(
                           cwd=root, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert (done.returncode, done.stderr) == (0, "")
     assert json.loads(done.stdout)["total"] == 2
+
+
+def test_compare_json_is_the_tools_result(tmp_path, monkeypatch, capsys):
+    for name, lr in (("a", 0.01), ("b", 0.02)):
+        n = Nitro(Regression(max_epochs=2, samples=64, lr=lr), run_dir=tmp_path / "runs" / name)
+        n.train().close()
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()  # the trainings' progress lines
+    code = main(["compare", "runs/a", "runs/b", "--json"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    mine = json.loads(out)
+    theirs = tool(tmp_path, "nitro_compare", sources=["runs/a", "runs/b"]).structured_content
+    assert mine == theirs and mine["config_diff"]["lr"] == [0.01, 0.02]
+
+
+def test_status_and_stop_of_a_job_are_the_tools_results(tmp_path, monkeypatch, capsys):
+    from tests.nitro_mcp.conftest import wait_done
+
+    async def train():
+        async with Client(build_server(tmp_path)) as client:
+            started = await client.call_tool(
+                "nitro_train",
+                {"experiment": "Regression", "overrides": {"max_epochs": 2, "samples": 64}},
+            )
+            job_id = started.structured_content["job_id"]
+            await wait_done(client, job_id, limit=600)
+            return job_id
+
+    job_id = anyio.run(train)
+    monkeypatch.chdir(tmp_path)
+    code = main(["status", job_id, "--json"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    mine, theirs = json.loads(out), tool(tmp_path, "nitro_status", job_id=job_id)
+    assert mine == theirs.structured_content and mine["state"] == "succeeded"
+    code = main(["stop", job_id, "--json"])  # an ended job: refused, as the tool refuses it
+    out, err = capsys.readouterr()
+    refused = tool(tmp_path, "nitro_stop", job_id=job_id)
+    said = (f"Job {job_id} already ended (succeeded); there is nothing to stop. nitro_status "
+            "shows its result.")  # fmt: skip
+    assert (code, out, err) == (2, "", f"nitro stop: {said}\n")
+    assert (
+        refused.is_error and refused.content[0].text == f"Error executing tool nitro_stop: {said}"
+    )
+    code = main(["status", job_id])
+    out, _ = capsys.readouterr()
+    assert code == 0 and job_id in out and "succeeded" in out
