@@ -36,6 +36,7 @@ them through a job's status file. Messages are part of the contract: tests asser
 
 from __future__ import annotations
 
+import difflib
 import errno
 import functools
 from dataclasses import dataclass
@@ -101,6 +102,13 @@ class FieldFix:
     type: str | None = None
     unknown: str | None = None
     kind: Literal["field"] = "field"
+
+    def nearest(self) -> str | None:
+        """The field nearest the unknown name (else the first field): what a fix offers."""
+        if self.unknown is None:
+            return None
+        near = difflib.get_close_matches(self.unknown, self.fields, n=1) or list(self.fields[:1])
+        return near[0] if near else None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from the parts its worker stored.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
 from nitro_core.errors import (
@@ -91,8 +90,8 @@ def _field_fix(fix: FieldFix) -> str:
     if fix.field is not None:
         send = f'Send overrides={{"{fix.field}": <{fix.type}>}} with a value that fits'
     elif fix.unknown is not None:
-        near = difflib.get_close_matches(fix.unknown, fix.fields, n=1) or list(fix.fields[:1])
-        example = f', e.g. overrides={{"{near[0]}": ...}}' if near else ""
+        near = fix.nearest()
+        example = f', e.g. overrides={{"{near}": ...}}' if near else ""
         send = f"Send overrides naming only those fields{example}"
     else:
         send = "Send overrides with values that fit"

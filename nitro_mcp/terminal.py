@@ -11,7 +11,6 @@ every ``NitroError``); :func:`command_line` writes one operation's arguments as 
 
 from __future__ import annotations
 
-import difflib
 import json
 import shlex
 from collections.abc import Mapping
@@ -124,8 +123,8 @@ def _field_fix(fix: FieldFix) -> str:
     if fix.field is not None:
         write = f"Write --set {fix.field}=<{fix.type}> with a value that fits"
     elif fix.unknown is not None:
-        near = difflib.get_close_matches(fix.unknown, fix.fields, n=1) or list(fix.fields[:1])
-        example = f", e.g. --set {near[0]}=..." if near else ""
+        near = fix.nearest()
+        example = f", e.g. --set {near}=..." if near else ""
         write = f"Write --set naming only those fields{example}"
     else:
         write = "Write --set FIELD=VALUE with values that fit"
