@@ -113,11 +113,13 @@ class FieldFix:
 
 @dataclass(frozen=True)
 class Worded:
-    """A passage each audience reads in its own words (where the fix is not one call)."""
+    """A passage each audience reads in its own words (where the fix is not one call); at a
+    terminal, ``terminal`` (else the tool's words)."""
 
     python: str
     tool: str
     kind: Literal["worded"] = "worded"
+    terminal: str | None = None
 
 
 @dataclass(frozen=True)

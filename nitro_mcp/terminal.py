@@ -54,7 +54,7 @@ class TerminalRenderer:
             return _field_fix(part)
         if isinstance(part, Lister):
             return f"nitro manifest {shlex.quote(part.run_dir) if part.run_dir else 'RUN_DIR'}"
-        return part.tool  # a passage with no terminal wording of its own: the tool's words
+        return part.terminal or part.tool  # without terminal words of its own: the tool's
 
 
 def for_terminal(error: NitroError, command: str) -> str:

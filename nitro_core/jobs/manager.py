@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from nitro_core.errors import CheckpointNotFound, ConfigError, UnsafePath
+from nitro_core.errors import CheckpointNotFound, ConfigError, UnsafePath, Worded
 from nitro_core.jobs.call_models import Call
 from nitro_core.jobs.executor import Executor, SlurmExecutor
 from nitro_core.jobs.files import (
@@ -164,8 +164,12 @@ class JobManager:
         status = self.status(job_id)
         if status.state in TERMINAL:
             raise ConfigError(
-                f"Job {job_id} already ended ({status.state}); there is nothing to stop. "
-                "nitro_status shows its result."
+                f"Job {job_id} already ended ({status.state}); there is nothing to stop. ",
+                Worded(
+                    python=f"JobManager.status({job_id!r}) shows its result.",
+                    tool="nitro_status shows its result.",
+                    terminal=f"nitro status {job_id} shows its result.",
+                ),
             )
         return self.executors[status.executor].stop(job_dir(self.root, job_id), status, force)
 

@@ -240,11 +240,11 @@ def test_status_and_stop_of_a_job_are_the_tools_results(tmp_path, monkeypatch, c
     code = main(["stop", job_id, "--json"])  # an ended job: refused, as the tool refuses it
     out, err = capsys.readouterr()
     refused = tool(tmp_path, "nitro_stop", job_id=job_id)
-    said = (f"Job {job_id} already ended (succeeded); there is nothing to stop. nitro_status "
-            "shows its result.")  # fmt: skip
-    assert (code, out, err) == (2, "", f"nitro stop: {said}\n")
-    assert (
-        refused.is_error and refused.content[0].text == f"Error executing tool nitro_stop: {said}"
+    said = f"Job {job_id} already ended (succeeded); there is nothing to stop."
+    shown = f"nitro stop: {said} nitro status {job_id} shows its result.\n"  # as typed here
+    assert (code, out, err) == (2, "", shown)
+    assert refused.is_error and refused.content[0].text == (
+        f"Error executing tool nitro_stop: {said} nitro_status shows its result."
     )
     code = main(["status", job_id])
     out, _ = capsys.readouterr()
