@@ -16,10 +16,11 @@ import json
 import math
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
-from nitro_core.errors import ConfigError, ResumeRefused, UnsafePath
+from nitro_core.errors import ConfigError, Part, ResumeRefused, UnsafePath, Worded
 from nitro_core.jobs.call_models import LOGGER_REFUSAL
 from nitro_core.jobs.calls import train_arguments
 from nitro_core.store import metrics_log
@@ -96,8 +97,14 @@ def pick_run(run_dir: Path, root: Path, run: str | None, arg: str = "run") -> st
     if run is not None:
         if not isinstance(run, str) or not _RUN_ID.fullmatch(run):
             raise ConfigError(
-                f"{arg}={clip(run)} is not a run id; nitro_runs(run_dir={where!r}) lists the "
-                "runs, e.g. run='a1b2c3d4'. Leave it out for the latest run."
+                f"{arg}={clip(run)} is not a run id; ",
+                Worded(
+                    python=f"runs({where!r}) lists the runs, e.g. {arg}='a1b2c3d4'.",
+                    tool=f"nitro_runs(run_dir={where!r}) lists the runs, e.g. {arg}='a1b2c3d4'.",
+                    terminal=f"nitro runs {shlex.quote(where)} lists the runs, e.g. "
+                    f"--{arg} a1b2c3d4.",
+                ),
+                " Leave it out for the latest run.",
             )
         if run not in runs:
             have = ", ".join(runs[-RUNS_SHOWN:]) or "none"
@@ -109,8 +116,14 @@ def pick_run(run_dir: Path, root: Path, run: str | None, arg: str = "run") -> st
     if not runs:
         raise ConfigError(
             f"run_dir={where!r} holds no metrics log (logs/<run>.jsonl): no run there has "
-            "finished an epoch yet. nitro_jobs shows where jobs train; follow one with "
-            "nitro_status(job_id=..., wait_s=25, until='end', brief=true)."
+            "finished an epoch yet. ",
+            Worded(
+                python="JobManager(root).list() shows where jobs train.",
+                tool="nitro_jobs shows where jobs train; follow one with "
+                "nitro_status(job_id=..., wait_s=25, until='end', brief=true).",
+                terminal="nitro jobs shows where jobs train; follow one with "
+                "nitro status JOB_ID --wait 25 --until end --brief.",
+            ),
         )
     return runs[-1]
 
@@ -253,15 +266,20 @@ def _main_metric(names: list[str]) -> str:
 # -- nitro_plot --------------------------------------------------------------------------------
 def plot(
     root: Path, run_dir: Path, runs: list[str] | None, metrics: list[str] | None
-) -> tuple[bytes, str]:
-    """A PNG of the metrics (one panel each, epoch on x, one line per run) and its caption."""
+) -> tuple[bytes, tuple[Part, ...]]:
+    """A PNG of the metrics (one panel each, epoch on x, one line per run) and its caption (as
+    an error's parts: each surface writes the call that shows the numbers in its own words)."""
     _matplotlib()
     where = shown(root, run_dir)
     if runs is not None and (not isinstance(runs, list) or not 1 <= len(runs) <= PLOT_RUNS):
         raise ConfigError(
-            f"runs={clip(runs)} must be a list of 1 to {PLOT_RUNS} run ids, e.g. "
-            f"runs=['a1b2c3d4']; nitro_runs(run_dir={where!r}) lists them. Leave it out for the "
-            "latest run."
+            f"runs={clip(runs)} must be a list of 1 to {PLOT_RUNS} run ids, e.g. ",
+            Worded(
+                python=f"runs=['a1b2c3d4']; runs({where!r}) lists them.",
+                tool=f"runs=['a1b2c3d4']; nitro_runs(run_dir={where!r}) lists them.",
+                terminal=f"--runs a1b2c3d4; nitro runs {shlex.quote(where)} lists them.",
+            ),
+            " Leave it out for the latest run.",
         )
     wanted: list[str | None] = list(runs) if runs else [None]
     picked = [pick_run(run_dir, root, r, "runs") for r in wanted]
@@ -274,22 +292,37 @@ def plot(
         chosen = chosen[:PLOT_METRICS] or [c for c in columns if c not in ("epoch", "step")][:1]
     elif not isinstance(metrics, list) or not 1 <= len(metrics) <= PLOT_METRICS:
         raise ConfigError(
-            f"metrics={clip(metrics)} must be a list of 1 to {PLOT_METRICS} column names, e.g. "
-            "metrics=['train_loss', 'val.loss']; leave it out for the loss and val metrics."
+            f"metrics={clip(metrics)} must be a list of 1 to {PLOT_METRICS} column names, e.g. ",
+            Worded(
+                python="metrics=['train_loss', 'val.loss']",
+                tool="metrics=['train_loss', 'val.loss']",
+                terminal="--metrics train_loss val.loss",
+            ),
+            "; leave it out for the loss and val metrics.",
         )
     else:
         chosen = list(dict.fromkeys(union.column(str(m), "metrics") for m in metrics))
     if not chosen:
         raise ConfigError(
-            f"run_dir={where!r}: the logs of {union.label} hold no metric to plot; nitro_history(run_dir={where!r}) shows what they hold."
+            f"run_dir={where!r}: the logs of {union.label} hold no metric to plot; ",
+            numbers_in(where, None),
+            " shows what they hold.",
         )
     png = _draw(logs, chosen)
     drawn = "; ".join(f"run {log.run} ({log.epochs()})" for log in logs)
     caption = (
-        f"{where}: {drawn}. Panels: {', '.join(chosen)}. The numbers: "
-        f"nitro_history(run_dir={where!r}, run={logs[-1].run!r})."
+        f"{where}: {drawn}. Panels: {', '.join(chosen)}. The numbers: ",
+        numbers_in(where, logs[-1].run),
+        ".",
     )
     return png, caption
+
+
+def numbers_in(where: str, run: str | None) -> Worded:
+    """What shows a run's logged numbers: ``nitro_history(...)``, ``nitro history ...``."""
+    tool = f"nitro_history(run_dir={where!r}{'' if run is None else f', run={run!r}'})"
+    terminal = f"nitro history {shlex.quote(where)}{'' if run is None else f' --run {run}'}"
+    return Worded(python=tool, tool=tool, terminal=terminal)
 
 
 def _matplotlib() -> None:
@@ -297,9 +330,15 @@ def _matplotlib() -> None:
         import matplotlib  # noqa: F401  # lazy: an optional dependency
     except ImportError:
         raise ConfigError(
-            "nitro_plot needs matplotlib, which is not installed where the server runs: "
-            f"{INSTALL_PLOT}, then restart the server. nitro_history gives the same numbers "
-            "as text."
+            Worded(
+                python="plot needs matplotlib, which is not installed: "
+                f"{INSTALL_PLOT}. history gives the same numbers as text.",
+                tool="nitro_plot needs matplotlib, which is not installed where the server runs: "
+                f"{INSTALL_PLOT}, then restart the server. nitro_history gives the same numbers "
+                "as text.",
+                terminal=f"nitro plot needs matplotlib, which is not installed: {INSTALL_PLOT}. "
+                "nitro history gives the same numbers as text.",
+            )
         ) from None
 
 

@@ -11,10 +11,11 @@ directory, a link, a copy holding another job's id) is skipped and logged; a lin
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from nitro_core.errors import CheckpointNotFound, UnsafePath
+from nitro_core.errors import CheckpointNotFound, UnsafePath, Worded
 from nitro_core.jobs.files import (
     STORE_NAME,
     TERMINAL,
@@ -26,6 +27,18 @@ from nitro_core.jobs.files import (
     real_dir,
 )
 from nitro_core.jobs.index import IndexRow, JobIndex
+
+
+def jobs_listed(root: Path) -> Worded:
+    """What lists the jobs under ``root``, in each audience's words."""
+    here = Path.cwd() == root.resolve()
+    return Worded(
+        python="JobManager(root).list() lists the jobs there.",
+        tool="nitro_jobs lists the jobs there.",
+        terminal=f"nitro jobs{'' if here else ' --root ' + shlex.quote(str(root))} lists the "
+        "jobs there.",
+    )
+
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +65,7 @@ class JobListing:
             status = None
         if status is None or status.job_id != job_id:
             raise CheckpointNotFound(
-                f"No job {job_id!r} under {str(self.jobs_dir)!r}; nitro_jobs lists the jobs there."
+                f"No job {job_id!r} under {str(self.jobs_dir)!r}; ", jobs_listed(self.root)
             )
         return status
 

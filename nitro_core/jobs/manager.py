@@ -39,7 +39,7 @@ from nitro_core.jobs.files import (
     write_json,
 )
 from nitro_core.jobs.index import IndexRow
-from nitro_core.jobs.listing import JobListing
+from nitro_core.jobs.listing import JobListing, jobs_listed
 from nitro_core.jobs.local import LocalExecutor, startable
 from nitro_core.store.manifest import now_iso
 
@@ -128,7 +128,8 @@ class JobManager:
         except (OSError, ValueError) as exc:
             raise CheckpointNotFound(
                 f"Job {job_id!r} under {str(self.jobs_dir)!r} has no readable spec.json "
-                f"({type(exc).__name__}); it was not created by Nitro. nitro_jobs lists the jobs."
+                f"({type(exc).__name__}); it was not created by Nitro. ",
+                jobs_listed(self.root),
             ) from None
 
     def list(self, state: JobState | None = None) -> builtins.list[JobStatus]:

@@ -229,29 +229,47 @@ def _experiment(spec: JobSpec, record: Any = None) -> Any:
 
 
 def _average(spec: JobSpec, call: AverageCall, directory: Path, stop: _Stop) -> dict[str, Any]:
-    """An average job: the average, validated when asked (from a copy in the job's
-    directory, so nothing is averaged twice), then saved; the saved header carries the
-    average's own validation metrics (of the "val" split), or none."""
+    """An average job: :func:`average_job` with the job's experiment, its phases in its
+    status, a stop request skipping the validation."""
+    return average_job(
+        call,
+        lambda record: _experiment(spec, record),
+        directory / "average.safetensors",
+        phase=lambda name: update_status(directory, phase=name),
+        stopped=stop.is_requested,
+    )
+
+
+def average_job(
+    call: AverageCall,
+    experiment_of: Callable[[Path], Any],
+    scratch: Path,
+    phase: Callable[[str], object] = lambda name: None,
+    stopped: Callable[[], bool] = lambda: False,
+) -> dict[str, Any]:
+    """What ``average`` does, in a worker or in ``nitro average``: the average, validated
+    when asked (in ``experiment_of(record)``, from a copy at ``scratch``, so nothing is
+    averaged twice), then saved; the saved header carries the average's own validation
+    metrics (of the "val" split), or none."""
     from nitro_core import Nitro  # lazy: torch
     from nitro_core.averaging import average_checkpoints, write_averaged  # lazy: torch
 
     saved = Path(call.save) if call.save else None
     if saved is not None:
         refuse_existing(saved, "save=")  # before any record is read
-    update_status(directory, phase="averaging")
+    phase("averaging")
     averaged = average_checkpoints(**call.average_kwargs())
     result: dict[str, Any] = {
         "averaged_from": averaged.averaged_from,
         "saved": str(saved) if saved else None,
     }
     metrics = None
-    if call.validate_average and not stop.is_requested():  # the average stands either way
-        update_status(directory, phase="validating")
-        scratch = directory / "average.safetensors"
+    if call.validate_average and not stopped():  # the average stands either way
+        phase("validating")
         scratch.unlink(missing_ok=True)  # left by a killed worker of this job
         write_averaged(averaged, scratch)
         try:
-            n = Nitro(_experiment(spec, scratch), run_dir=call.run_dir, weights=scratch)
+            n = Nitro(experiment_of(scratch), run_dir=call.run_dir, weights=scratch)
             result["metrics"] = n.evaluate(call.split)
         finally:
             scratch.unlink(missing_ok=True)

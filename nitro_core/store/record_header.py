@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from nitro_core.errors import CheckpointCorrupt, CheckpointMissing
+from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, Lister
 from nitro_core.store import digest
 from nitro_core.store.safeio import open_nofollow
 from nitro_core.store.writer import FROM_CODE, META_KEY
@@ -87,7 +87,9 @@ def open_record(path: Path) -> int:
 def missing(path: Path) -> CheckpointMissing:
     return CheckpointMissing(
         f"Checkpoint file {str(path)!r} is not on disk (deleted, or evicted by retention since "
-        "it was named); read_manifest lists the records a run directory holds now."
+        "it was named); ",
+        Lister(str(path.parent)),
+        " lists the records a run directory holds now.",
     )
 
 
@@ -101,7 +103,9 @@ def unreadable(path: Path, why: object) -> CheckpointCorrupt:
 def truncated(path: Path, short: int) -> CheckpointCorrupt:
     return CheckpointCorrupt(
         f"Checkpoint {str(path)!r} is truncated: it ends {short} bytes short of what its "
-        "header describes. Load another checkpoint (read_manifest lists them)."
+        "header describes. Load another checkpoint (",
+        Lister(str(path.parent)),
+        " lists them).",
     )
 
 
@@ -121,8 +125,9 @@ def check_header(path: Path, head: bytes, expected: str | None = None) -> None:
             raise CheckpointCorrupt(
                 f"Checkpoint {str(path)!r} is corrupt: its header digests to "
                 f"{digest.short(actual)}, the manifest recorded {digest.short(expected)} "
-                "when it was written. Load another checkpoint (read_manifest lists them) "
-                "or restore this file from a backup."
+                "when it was written. Load another checkpoint (",
+                Lister(str(path.parent)),
+                " lists them) or restore this file from a backup.",
             )
         return
     found = digest.header_check(head)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from nitro_core.errors import CheckpointCorrupt
+from nitro_core.errors import CheckpointCorrupt, Lister
 from nitro_core.store import digest
 from nitro_core.store.record_header import Header, Tensor, unreadable
 
@@ -93,8 +93,9 @@ class SectionCheck:
                 raise CheckpointCorrupt(
                     f"Checkpoint {str(path)!r} is corrupt: its sha256 is {actual[:16]}..., the "
                     f"manifest recorded {self.expected_sha256[:16]}... when it was written. Load "
-                    "another checkpoint (read_manifest lists them) or restore this file from a "
-                    "backup."
+                    "another checkpoint (",
+                    Lister(str(path.parent)),
+                    " lists them) or restore this file from a backup.",
                 )
             return
         if self.legacy is not None:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from nitro_core.errors import render
 from nitro_mcp.cli.common import (
     OK,
     Handler,
@@ -23,6 +24,7 @@ from nitro_mcp.cli.common import (
     run_directory,
     table,
 )
+from nitro_mcp.terminal import TerminalRenderer
 
 
 def add(sub: Any) -> dict[str, Handler]:
@@ -69,7 +71,8 @@ def _plot(args: argparse.Namespace) -> int:
 
     where = run_directory(args.run_dir).resolve()
     g = gate(args, str(where))
-    png, caption = plot(g.root, where, args.runs, args.metrics)
+    png, parts = plot(g.root, where, args.runs, args.metrics)
+    caption = render(parts, TerminalRenderer("plot"))
     out = Path(args.out)
     out.write_bytes(png)
     emit(args, {"path": str(out), "bytes": len(png), "caption": caption},

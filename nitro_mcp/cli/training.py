@@ -15,13 +15,26 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from types import UnionType
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
-from nitro_mcp.cli.common import OK, REFUSED, Handler, command, emit, run_directory, say
+from nitro_mcp.cli.common import (
+    OK,
+    REFUSED,
+    Handler,
+    command,
+    emit,
+    gate,
+    root_option,
+    run_directory,
+    say,
+)
+from nitro_mcp.paths import shown
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -44,6 +57,15 @@ def add(sub: Any) -> dict[str, Handler]:
     average.add_argument("run_dir", help="the run directory, e.g. runs/Classifier")
     average.add_argument("--source", default="latest => Average(Last(10))", help="what to average (default: %(default)s)")  # fmt: skip
     average.add_argument("--save", help="write the average as a record here")
+    average.add_argument("--validate", action="store_true",
+                         help="also evaluate the average on --split and print its metrics")  # fmt: skip
+    average.add_argument("--experiment", help="with --validate: the registered experiment (default: the record's)")  # fmt: skip
+    average.add_argument("--split", default="val", help="with --validate: the split (default: %(default)s)")  # fmt: skip
+    average.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                         help="with --validate: a config field over the record's (JSON value)")  # fmt: skip
+    average.add_argument("--experiment-module", action="append", default=[], metavar="MODULE",
+                         help="also register the Experiment subclasses of MODULE")  # fmt: skip
+    root_option(average)
     return {"train": _train, "validate": _validate, "average": _average}
 
 
@@ -84,24 +106,31 @@ def _call(model: type[C], args: argparse.Namespace, **fields: Any) -> C:
     return model.model_validate({**given, **fields})
 
 
-def _experiment(args: argparse.Namespace, from_record: Any = None) -> Any:
-    """The named experiment with ``--set`` overrides on top of its defaults, or on top of
-    the config recorded in ``from_record``'s record (a source, as validation uses)."""
+def _experiment(args: argparse.Namespace, from_record: Any = None, name: str | None = None) -> Any:
+    """The named experiment (``name``, else ``args.experiment``) with ``--set`` overrides on
+    top of its defaults, or on top of the config recorded in ``from_record``'s record (a
+    source, as validation uses)."""
     from nitro_core import experiment_from_record  # lazy
     from nitro_core.registry import load_registry, lookup  # lazy
 
-    overrides = {}
-    for item in args.set:
+    overrides = _overrides(args.set)
+    cls = lookup(load_registry(args.experiment_module), name or args.experiment)
+    if from_record is not None:
+        run_dir = args.run_dir or f"runs/{cls.__name__}"
+        return experiment_from_record(cls, from_record, run_dir=run_dir, **overrides)
+    return cls(**overrides)
+
+
+def _overrides(items: list[str]) -> dict[str, Any]:
+    """``--set FIELD=VALUE`` options as config overrides (a value that is not JSON, a string)."""
+    overrides: dict[str, Any] = {}
+    for item in items:
         field, _, value = item.partition("=")
         try:
             overrides[field] = json.loads(value)
         except json.JSONDecodeError:
             overrides[field] = value
-    cls = lookup(load_registry(args.experiment_module), args.experiment)
-    if from_record is not None:
-        run_dir = args.run_dir or f"runs/{cls.__name__}"
-        return experiment_from_record(cls, from_record, run_dir=run_dir, **overrides)
-    return cls(**overrides)
+    return overrides
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -200,14 +229,32 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _average(args: argparse.Namespace) -> int:
+    """What ``average`` does, in this process: the tool's checks, then its job's work."""
     run_dir = run_directory(args.run_dir)
-    from nitro_core import average_checkpoints  # lazy
+    from nitro_core.jobs.worker import average_job  # lazy: torch
+    from nitro_mcp.tools.training import checked_average  # lazy: the gate imports torch
 
-    call = _call(AverageCall, args, run_dir=str(run_dir))
-    averaged = average_checkpoints(**call.average_kwargs(), save=call.save).averaged_from
-    result = {"averaged_from": averaged, "saved": call.save}
+    save = None if args.save is None else str(Path(args.save).resolve())
+    g = gate(args, str(run_dir), save)
+    asked = _call(
+        AverageCall, args, run_dir=str(run_dir.resolve()), save=save, overrides=_overrides(args.set)
+    )
+    call, notes = checked_average(g, asked.model_copy(update={"validate_average": args.validate}))
+    for note in notes:
+        say(f"warning: {note}")
+    with tempfile.TemporaryDirectory(prefix="nitro-average-") as scratch:
+        result = average_job(
+            call,
+            lambda record: _experiment(args, from_record=record, name=call.experiment),
+            Path(scratch) / "average.safetensors",
+        )  # fmt: skip
+    if result["saved"] is not None:
+        result["saved"] = shown(g.root, result["saved"])
     emit(args, result, lambda: [
-        *(f"{k}: {v}" for k, v in averaged.items()), f"saved: {call.save or '-'}",
+        *(f"{k}: {v}" for k, v in result["averaged_from"].items()),
+        f"saved: {result['saved'] or '-'}",
+        *(f"  {k}: {v:.6g}" if isinstance(v, float) else f"  {k}: {v}"
+          for k, v in (result.get("metrics") or {}).items()),
     ])  # fmt: skip
     return OK
 

@@ -14,8 +14,10 @@ from mcp.server.mcpserver import Image
 from mcp.types import TextContent
 from pydantic import Field
 
+from nitro_core.errors import render
 from nitro_mcp import catalog, models, observe
 from nitro_mcp.gate import Gate
+from nitro_mcp.refusals import ToolRenderer
 from nitro_mcp.replies import NitroServer
 from nitro_mcp.tools.declare import off_loop, tool
 
@@ -54,7 +56,8 @@ def register(server: NitroServer, gate: Gate) -> None:
         png, caption = await off_loop(
             lambda: observe.plot(gate.root, gate.existing_dir(run_dir), runs, metrics)
         )
-        return [Image(data=png, format="png"), TextContent(type="text", text=caption)]
+        text = render(caption, ToolRenderer("nitro_plot"))
+        return [Image(data=png, format="png"), TextContent(type="text", text=text)]
 
     @tool(server, "Compare 2 to 8 runs: differing config fields, best and final metrics, epochs, "
           "wall time, parent.")  # fmt: skip

@@ -217,6 +217,13 @@ async def average_call(
 
 
 def _submit_average(gate: Gate, call: AverageCall) -> tuple[JobStatus, list[str]]:
+    checked, notes = checked_average(gate, call)
+    return gate.jobs.submit(checked, experiment_modules=gate.modules), notes
+
+
+def checked_average(gate: Gate, call: AverageCall) -> tuple[AverageCall, list[str]]:
+    """``call`` checked as ``average`` checks it, with its paths under the root and the
+    experiment it is validated in; and the notes for the reply."""
     run_dir, source, save, experiment = call.run_dir, call.source, call.save, call.experiment
     overrides, split = call.overrides, call.split
     where = directory_inside_root(gate.root, run_dir, "run_dir")
@@ -265,4 +272,4 @@ def _submit_average(gate: Gate, call: AverageCall) -> tuple[JobStatus, list[str]
         update={"run_dir": str(where), "save": str(saved) if saved else None,
                 "experiment": experiment}
     )  # fmt: skip
-    return gate.jobs.submit(call, experiment_modules=gate.modules), notes
+    return call, notes

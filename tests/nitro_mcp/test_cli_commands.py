@@ -12,7 +12,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from nitro_core import Nitro, read_manifest
+from nitro_core import Nitro, checkpoint_info, read_manifest
 from nitro_core.errors import Arg, Call, CheckpointerFix, ConfigError, FieldFix, Lister, Redo
 from nitro_core.examples import Regression
 from nitro_mcp.cli import main
@@ -90,13 +90,43 @@ def test_export_writes_what_the_tool_writes(root, cli):
     assert (root / "mine.safetensors").read_bytes() == (root / "theirs.safetensors").read_bytes()
 
 
+def test_average_validate_is_the_tools_average_and_metrics(root, cli):
+    from tests.nitro_mcp.conftest import call, ended
+
+    source = "latest => Average(Last(2))"
+    code, out, err = cli("average", "runs/r", "--source", source, "--validate",
+                         "--save", "runs/mine.safetensors", "--json")  # fmt: skip
+    assert (code, err) == (0, "")
+    mine = json.loads(out)
+
+    async def go():
+        async with Client(build_server(root)) as client:
+            reply = await call(client, "average", run_dir="runs/r", source=source,
+                               validate=True, save="runs/theirs.safetensors")  # fmt: skip
+            return await ended(client, reply, root)
+
+    err, theirs = anyio.run(go)
+    assert not err and theirs["state"] == "succeeded"
+    assert mine["averaged_from"] == theirs["averaged_from"]
+    assert mine["metrics"] == theirs["metrics"] and set(mine["metrics"]) >= {"loss"}
+    assert (mine["saved"], theirs["saved"]) == ("runs/mine.safetensors", "runs/theirs.safetensors")
+    assert checkpoint_info(root / "runs/mine.safetensors")["metrics"] == mine["metrics"]
+    code, out, _ = cli("average", "runs/r", "--source", source, "--validate")
+    assert code == 0 and out.splitlines()[-len(mine["metrics"]) :] == [
+        f"  {k}: {v:.6g}" for k, v in mine["metrics"].items()
+    ]
+
+
 def test_plot_writes_the_tools_png_and_caption(root, cli):
     pytest.importorskip("matplotlib")
     code, out, err = cli("plot", "runs/r", "--out", "curves.png", "--json")
     assert (code, err) == (0, "")
     mine = json.loads(out)
     theirs = tool(root, "nitro_plot", run_dir="runs/r").content
-    assert mine["caption"] == theirs[1].text
+    run = read_manifest(root / "runs/r")[-1].run
+    call = f"nitro_history(run_dir='runs/r', run='{run}')"  # each surface names its own
+    assert theirs[1].text.endswith(f"The numbers: {call}.")
+    assert mine["caption"] == theirs[1].text.replace(call, f"nitro history runs/r --run {run}")
     assert (root / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -146,6 +176,46 @@ def test_a_manifest_hint_names_the_manifest_command(cli):
         "nitro validate: 'runs/r/x.tmp' is a partial file left by an interrupted write, never a "
         "checkpoint. Name a committed record instead (nitro manifest runs/r lists them), e.g. "
         "'latest => latest'.\n"
+    )
+
+
+def test_job_and_log_hints_name_the_commands_to_type(root, cli):
+    code, out, err = cli("status", "nosuchjob")  # run in the root: no --root to write
+    jobs = root / ".nitro" / "jobs"
+    assert (code, out) == (2, "")
+    assert (
+        err
+        == f"nitro status: No job 'nosuchjob' under {str(jobs)!r}; nitro jobs lists the jobs there.\n"
+    )
+    code, out, err = cli("history", "runs/r", "--run", "../x")
+    assert (code, out) == (2, "")
+    assert err == (
+        "nitro history: run='../x' is not a run id; nitro runs runs/r lists the runs, e.g. "
+        "--run a1b2c3d4. Leave it out for the latest run.\n"
+    )
+
+
+def test_a_plot_refusal_names_the_options_to_type(cli):
+    pytest.importorskip("matplotlib")
+    code, out, err = cli("plot", "runs/r", "--metrics", *"abcdefg")
+    assert (code, out) == (2, "")
+    assert err == (
+        "nitro plot: metrics=['a', 'b', 'c', 'd', 'e', 'f', 'g'] must be a list of 1 to 6 column "
+        "names, e.g. --metrics train_loss val.loss; leave it out for the loss and val metrics.\n"
+    )
+
+
+def test_a_damaged_records_hint_names_the_manifest_command(root, cli):
+    whole = (root / _latest(root)).read_bytes()
+    (root / "loose").mkdir(exist_ok=True)
+    (root / "loose/short.safetensors").write_bytes(whole[:-100])
+    code, out, err = cli("validate", "Regression", "--run-dir", "runs/r", "--weights",
+                         "loose/short.safetensors")  # fmt: skip
+    assert (code, out) == (1, "")
+    assert err == (
+        "nitro validate: Checkpoint 'loose/short.safetensors' is truncated: it ends 100 bytes "
+        "short of what its header describes. Load another checkpoint (nitro manifest loose "
+        "lists them).\n"
     )
 
 
