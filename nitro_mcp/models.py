@@ -31,6 +31,7 @@ class JobHandle(_Model):
     run_dir: str
     poll_after_s: float = Field(description="Seconds to wait before calling nitro_status.")
     next: str = Field(description="What to call next.")
+    duplicate: bool = Field(default=False, description="A retry of request_id.")
 
 
 class KeptCheckpoint(_Model):

@@ -16,7 +16,7 @@ import os
 import stat
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -25,6 +25,7 @@ from nitro_core.jobs.call_models import CALLS, Call
 from nitro_core.store.atomic import Replace
 from nitro_core.store.safeio import flocked, open_nofollow
 
+M = TypeVar("M", bound=BaseModel)
 JobKind = Literal["train", "validate", "average"]
 JobState = Literal["queued", "running", "succeeded", "failed", "stopped", "lost"]
 # why a job failed: a non-finite loss or monitor, a record that did not read back, a Nitro
@@ -233,6 +234,11 @@ def write_json(path: Path, model: BaseModel) -> None:
     body = model.model_dump_json(indent=1).encode()
     checked(path.parent)
     Replace(path).commit(lambda f: f.write(body))  # a .tmp never followed, renamed over a link
+
+
+def read_model(directory: Path, name: str, model: type[M]) -> M:
+    """The file ``name`` of a store directory, as ``model`` (``ValueError`` if it is not)."""
+    return model.model_validate_json(_read_bytes(directory, name))
 
 
 def read_spec(directory: Path) -> JobSpec:

@@ -72,7 +72,7 @@ def register(server: NitroServer, gate: Gate) -> None:
         return await off_loop(list_jobs, gate, state, limit, cursor, prune_older_than_h, dry_run)
 
     @tool(server, "Stop a job at its next checkpoint; force=true kills it now. resume='auto' "
-          "continues the run.")  # fmt: skip
+          "continues.")  # fmt: skip
     async def nitro_stop(
         job_id: Annotated[str, Field(description="The job to stop.")],
         force: Annotated[StrictBool, Field(description="Kill now, not after the epoch.")] = False,

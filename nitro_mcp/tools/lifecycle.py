@@ -34,8 +34,8 @@ def register(server: NitroServer, gate: Gate) -> None:
     ) -> models.DeleteResult:
         return await off_loop(deletion.delete, gate.root, gate.jobs, run_dir, run, files, dry_run)
 
-    @tool(server, "Write a checkpoint's weights to a new .safetensors file, or a Hugging Face "
-          "directory (format='hf').")  # fmt: skip
+    @tool(server, "Write a checkpoint's weights to a new .safetensors file, or (format='hf') "
+          "an HF directory.")  # fmt: skip
     async def nitro_export(
         source: Annotated[str, Field(description="e.g. 'latest => best', or a path.")],
         path: Annotated[

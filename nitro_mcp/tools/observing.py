@@ -23,8 +23,7 @@ from nitro_mcp.tools.declare import off_loop, tool
 
 
 def register(server: NitroServer, gate: Gate) -> None:
-    @tool(server, "A run's logged metrics per epoch (train_loss, lr, val.<metric>, ...), newest "
-          "last.")  # fmt: skip
+    @tool(server, "A run's logged metrics per epoch (train_loss, lr, val.<metric>, ...).")
     async def nitro_history(
         run_dir: Annotated[str, Field(description="A run directory.")],
         run: Annotated[str | None, Field(description="Default the run that logged last.")] = None,
@@ -40,7 +39,7 @@ def register(server: NitroServer, gate: Gate) -> None:
             )
         )
 
-    @tool(server, "A PNG of runs' curves (a panel per metric, a line per run). Needs "
+    @tool(server, "A PNG of runs' curves (a panel per metric). Needs "
           "pip install 'nitro[plot]'.")  # fmt: skip
     async def nitro_plot(
         run_dir: Annotated[str, Field(description="A run directory.")],
@@ -59,7 +58,7 @@ def register(server: NitroServer, gate: Gate) -> None:
         text = render(caption, ToolRenderer("nitro_plot"))
         return [Image(data=png, format="png"), TextContent(type="text", text=text)]
 
-    @tool(server, "Compare 2 to 8 runs: differing config fields, best and final metrics, epochs, "
+    @tool(server, "Compare 2 to 8 runs: config differences, best and final metrics, epochs, "
           "wall time, parent.")  # fmt: skip
     async def nitro_compare(
         sources: Annotated[

@@ -56,15 +56,15 @@ def register(server: NitroServer, gate: Gate) -> None:
     ) -> models.CheckpointInfoResult:
         return await off_loop(record_header, gate, path)
 
-    @tool(server, "Check every byte of a record, or of each record of a run directory, "
-          "against its digests.")  # fmt: skip
+    @tool(server, "Check every byte of a record, or of a run directory's records, against "
+          "digests.")  # fmt: skip
     async def nitro_verify(
         path: Annotated[str, Field(description="A record or a run directory.")],
     ) -> models.VerifyResult:
         return await off_loop(verify_path, gate, path)
 
     @tool(server, "Registered experiments: config fields (Host: may change on resume), splits, "
-          "monitor; module import errors.")  # fmt: skip
+          "monitor; import errors.")  # fmt: skip
     async def nitro_experiments(
         name: Annotated[str | None, Field(description="One; default all.")] = None,
     ) -> models.ExperimentsResult:

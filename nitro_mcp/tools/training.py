@@ -16,7 +16,7 @@ from mcp.server.mcpserver import Context
 from pydantic import Field, StrictBool
 
 from nitro_core.errors import ConfigError
-from nitro_core.jobs import JobStatus, slurm
+from nitro_core.jobs import JobStatus, request_ids, slurm
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
 from nitro_core.jobs.calls import arguments, train_arguments
 from nitro_core.jobs.ranks import process_limit
@@ -43,6 +43,8 @@ TrainArguments = arguments_model(
     TrainCall,
     after_running=(StrictBool, Field(default=False, description="Queue behind a job training "
                    "run_dir (false: refuse).")),
+    request_id=(str | None, Field(default=None, description="Retries with this id get its "
+                "job.")),
 )  # fmt: skip
 ValidateArguments = arguments_model(
     "nitro_validate", ValidateCall, wait_s=wait_parameter(60, "the metrics", 20)
@@ -55,10 +57,11 @@ AverageArguments = arguments_model(
 def register(server: NitroServer, gate: Gate) -> None:
     @tool(server, "Start training as a background job; returns its job_id at once.", TrainArguments)  # fmt: skip
     async def nitro_train(arguments: Any, ctx: Context | None) -> models.JobHandle:
-        return await off_loop(train, gate, call_of(TrainCall, arguments), arguments.after_running)
+        call = call_of(TrainCall, arguments)
+        return await off_loop(train, gate, call, arguments.after_running, arguments.request_id)
 
-    @tool(server, "Evaluate a checkpoint on a split: its metrics if the job ends within wait_s, "
-          "else the job_id for nitro_status.", ValidateArguments)  # fmt: skip
+    @tool(server, "Evaluate a checkpoint on a split: its metrics within wait_s, else the "
+          "job_id.", ValidateArguments)  # fmt: skip
     async def nitro_validate(arguments: Any, ctx: Context | None) -> models.ValidateResult:
         call = call_of(ValidateCall, arguments)
         return await validate(gate, call, arguments.wait_s, progress_of(ctx))
@@ -71,9 +74,40 @@ def register(server: NitroServer, gate: Gate) -> None:
 
 
 # -- nitro_train -------------------------------------------------------------------------------
-def train(gate: Gate, call: TrainCall, after_running: bool = False) -> models.JobHandle:
+def train(
+    gate: Gate, call: TrainCall, after_running: bool = False, request_id: str | None = None
+) -> models.JobHandle:
     """Check a training call whole and submit it (queued behind a job training its run
-    directory when ``after_running``)."""
+    directory when ``after_running``); with ``request_id``, a retry of a call that started a
+    job gets that job (``duplicate``) and starts nothing."""
+    notes: list[str] = []
+
+    def start() -> JobStatus:
+        status, behind = _submit_train(gate, call, after_running)
+        notes.append(behind)
+        return status
+
+    if request_id is None:
+        status, duplicate = start(), False
+    else:
+        digest = request_ids.call_digest(
+            {**call.model_dump(mode="json"), "after_running": after_running}
+        )
+        status, duplicate = request_ids.once(
+            gate.jobs.store_dir, request_id, digest, gate.jobs.status, start
+        )
+    if duplicate:
+        notes.append(
+            f"An earlier call with request_id={request_id!r} started this job; this one "
+            "started nothing. "
+        )
+    handle = gate.handle(status, call.experiment, 2.0,
+                         f"{''.join(notes)}Follow it with {following.follow_call(status.job_id)}.")  # fmt: skip
+    return handle.model_copy(update={"duplicate": duplicate})
+
+
+def _submit_train(gate: Gate, call: TrainCall, after_running: bool) -> tuple[JobStatus, str]:
+    """The checked call's job, and the sentence saying what it waits for (or nothing)."""
     resume = flag_text(call.resume, "resume")
     restore_best = flag_text(call.restore_best, "restore_best")
     experiment, overrides, weights = call.experiment, call.overrides, call.weights
@@ -119,10 +153,7 @@ def train(gate: Gate, call: TrainCall, after_running: bool = False) -> models.Jo
         _check_process_limit(call.nproc, call.device)
     after = busy.job_id if busy is not None else None
     status = gate.jobs.submit(call, after=after, experiment_modules=gate.modules)
-    behind = f"It starts when job {busy.job_id} ends. " if busy is not None else ""
-    return gate.handle(
-        status, experiment, 2.0, f"{behind}Follow it with {following.follow_call(status.job_id)}."
-    )
+    return status, f"It starts when job {busy.job_id} ends. " if busy is not None else ""
 
 
 def _with_executor(gate: Gate, call: TrainCall) -> TrainCall:

@@ -11,6 +11,7 @@ import os
 import pty
 import queue
 import re
+import select
 import signal
 import struct
 import subprocess
@@ -108,6 +109,16 @@ def test_a_terminal_gets_a_bar_with_rate_and_etas_replaced_by_the_summary(monkey
     assert text.endswith("\repoch 2 step 200 train_loss=0.5 loss=0.25 (105.0 s, run ETA 01:45)\n")
 
 
+def _read_through(leader: int, end: bytes) -> str:
+    """Everything the terminal shows up to `end`: one read may return only part of it."""
+    shown = b""
+    while not shown.endswith(end):
+        ready, _, _ = select.select([leader], [], [], 60)
+        assert ready, f"the terminal stopped before {end!r}: {shown!r}"
+        shown += os.read(leader, 65536)
+    return shown.decode()
+
+
 @pytest.mark.parametrize("size", [(24, 100), (0, 0)])  # a pseudo terminal may report no size
 def test_a_real_pseudo_terminal_is_drawn_on_and_nothing_reaches_stdout(size, capfd):
     leader, follower = pty.openpty()
@@ -118,7 +129,7 @@ def test_a_real_pseudo_terminal_is_drawn_on_and_nothing_reaches_stdout(size, cap
         for done in range(1, 5):
             bar.update(1, 2, done, 4)
         bar.epoch_end("epoch 1 step 4 train_loss=0.5")
-        shown = os.read(leader, 65536).decode()
+        shown = _read_through(leader, b"run ETA 00:00)\r\n")
     os.close(leader)
     assert "epoch 1/2: 100%|" in shown and "| 4/4 [" in shown and "batch/s" in shown
     assert re.search(r"\repoch 1 step 4 train_loss=0\.5 \(\d+\.\d s\, run ETA 00:00\)\r\n$", shown)
