@@ -207,6 +207,16 @@ def config_of(exp: Experiment) -> dict[str, Any]:
     return exp.model_dump(mode="json")
 
 
+def changed_fields(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Every config field (Host ones too) a branch changed from its parent: field -> [old,
+    new], null on the side that lacks the field. The lineage shown by nitro_compare."""
+    return {
+        name: [parent.get(name), child.get(name)]
+        for name in [*parent, *(n for n in child if n not in parent)]
+        if name not in parent or name not in child or parent[name] != child[name]
+    }
+
+
 def config_diff(recorded: Mapping[str, Any], exp: Experiment) -> list[str]:
     """Lines describing how ``exp``'s plain (non-Host) fields differ from ``recorded``.
 

@@ -169,8 +169,17 @@ def summarize(root: Path, directory: Path) -> models.RunDirSummary:
         run_dir=where, runs=run_ids[-10:], run_count=len(run_ids), checkpoints=len(entries),
         experiment=meta.get("experiment"), config=_config_text(meta.get("config")),
         metric=best.metric, mode=best.mode, best_score=best.score, best_run=best.run,
-        last_written=max((e.written for e in entries), default=None), bytes=disk_bytes(directory),
+        last_written=max((e.written for e in entries), default=None),
+        parent=meta.get("parent"), parent_diff=_lineage(meta), bytes=disk_bytes(directory),
     )  # fmt: skip
+
+
+def _lineage(meta: dict[str, Any]) -> dict[str, list[Any]] | None:
+    """What a run changed from the record it branched from, as its records carry it."""
+    diff = meta.get("parent_diff")
+    if not isinstance(diff, dict):
+        return None
+    return {str(k): v for k, v in diff.items() if isinstance(v, list) and len(v) == 2}
 
 
 def _config_text(config: Any) -> str | None:
@@ -354,7 +363,7 @@ def _facts(root: Path, directory: Path, run: str, current: Manifest) -> _Facts:
         checkpoints=len(mine), metric=best.metric, mode=best.mode, best_score=best.score,
         best_epoch=best.epoch, final=_bounded_metrics(final, best.metric),
         wall_s=None if wall is None else round(wall, 3), wall_from=None if wall is None else wall_from,
-        parent=mine[0].parent if mine else meta.get("parent"),
+        parent=mine[0].parent if mine else meta.get("parent"), parent_diff=_lineage(meta),
         stop_reason=mine[-1].stop_reason if mine else None,
     )  # fmt: skip
     recorded = meta.get("config")

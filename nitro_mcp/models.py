@@ -194,6 +194,8 @@ class RunDirSummary(_Model):
     best_score: float | None = None
     best_run: str | None = None
     last_written: str | None = None
+    parent: str | None = Field(default=None, description="Its latest run's.")
+    parent_diff: dict[str, list[Any]] | None = None
     bytes: int = Field(description="On disk, logs included.")
     error: str | None = None
 
@@ -281,6 +283,9 @@ class CompareRun(_Model):
     wall_s: float | None
     wall_from: str | None = Field(description="'log', 'record' or 'manifest' (written times).")
     parent: str | None
+    parent_diff: dict[str, list[Any]] | None = Field(
+        default=None, description="Changed from parent: field -> [old, new]."
+    )
     stop_reason: str | None
 
 

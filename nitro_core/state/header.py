@@ -48,6 +48,11 @@ class RecordHeader(BaseModel):
     seed: int
     run: str
     parent: str | None
+    parent_diff: dict[str, list[Any]] | None = Field(
+        default=None,
+        description="The config fields this run changed from the record it branched from "
+        "(parent): field -> [old, new]; null for a run that did not branch.",
+    )
     experiment: str = Field(description="The experiment class name.")
     config: dict[str, Any]
     host_fields: list[str]

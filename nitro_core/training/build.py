@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 
 from nitro_core.errors import CheckpointerFix, ConfigError, NitroWarning
-from nitro_core.experiment import Experiment, check_required_hooks
+from nitro_core.experiment import Experiment, changed_fields, check_required_hooks, config_of
 from nitro_core.policy import ranked
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.sources.grammar import HF_PREFIX, Average, HFDirectory, Pair
@@ -242,6 +242,29 @@ def logger(experiment: Experiment, choice: Any, dist: Dist) -> Logger:
     if not dist.main:  # rank 0 logs for the run
         return MutedLogger(chosen.backend)
     return chosen
+
+
+def resume_lineage(point: ResumePoint | None, exp: Experiment) -> dict[str, list[Any]] | None:
+    """What a resumed run changed from its parent, for its records' ``parent_diff``. A branch
+    is compared with the record it starts from; a continued branch with its parent's config,
+    which is the continued record's with the old values of its ``parent_diff`` put back
+    (a Host field changed on the way, such as max_epochs, shows its latest value)."""
+    if point is None:
+        return None
+    if point.continue_run is None:
+        return changed_fields(point.meta["config"], config_of(exp))
+    kept = point.meta.get("parent_diff")
+    if not isinstance(kept, dict):  # a run that never branched
+        return None
+    parent = {**point.meta["config"], **{name: old for name, (old, _) in kept.items()}}
+    return changed_fields(parent, config_of(exp))
+
+
+def weights_lineage(
+    trained_under: dict[str, Any] | None, exp: Experiment
+) -> dict[str, list[Any]] | None:
+    """What a ``weights=`` run changed from the config its weights were trained under."""
+    return None if trained_under is None else changed_fields(trained_under, config_of(exp))
 
 
 def weights_parent(

@@ -96,6 +96,7 @@ class Nitro:
         # which record, if any, this handle continues: its seed and run id, or new ones
         point = build.resume_point(self.options.resume, self.run_dir, entries)
         self.seed, self.run_id, self.parent = build.name_run(point, seed, experiment, place)
+        self.parent_diff = build.resume_lineage(point, experiment)
         self.checkpoint_source: Path | None = point.path if point else None
         self.averaged_from: dict[str, Any] | None = None
         # build everything from the seed
@@ -154,10 +155,11 @@ class Nitro:
             self._resumption = Resumption(restored.position, restored.start_rng)
             return restored.logger_state
         if self.options.weights is not None:
-            load_weights(self, self.options.weights, entries)
+            trained_under = load_weights(self, self.options.weights, entries)
             self.parent = build.weights_parent(
                 self.options.weights, self.checkpoint_source, self.averaged_from
             )
+            self.parent_diff = build.weights_lineage(trained_under, self.experiment)
         self._resumption = Resumption(None, rng.capture())
         return None
 

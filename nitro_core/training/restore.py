@@ -180,13 +180,16 @@ def _check_anchor(n: Restorable, point: ResumePoint) -> None:
         )
 
 
-def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) -> None:
-    """Parameters and layer state (or the EMA copy) of ``source`` into a new run."""
+def load_weights(
+    n: Restorable, source: Source, entries: list[ManifestEntry]
+) -> dict[str, Any] | None:
+    """Parameters and layer state (or the EMA copy) of ``source`` into a new run; returns
+    the config ``source`` was trained under (None where it records none: a Hugging Face
+    directory)."""
     opts = n.options
     name = type(n.experiment).__name__
     if isinstance(source, Pair) and isinstance(source.pick, Average):
-        load_average(n, source, entries)
-        return
+        return load_average(n, source, entries)
     resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
     rec = read(resolved, None if opts.restore_optimizer else WEIGHTS)  # optimizer bytes: unread
     warn_config_changed(rec.meta, n, str(resolved.path))
@@ -228,6 +231,7 @@ def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
             n.optimizer.load_state_dict(state)
     n.checkpoint_source = resolved.path
     n.averaged_from = rec.meta.get("averaged_from")
+    return _recorded_config(rec.meta)
 
 
 def warn_config_changed(meta: dict[str, Any], n: Restorable, origin: str) -> None:
@@ -244,7 +248,14 @@ def warn_config_changed(meta: dict[str, Any], n: Restorable, origin: str) -> Non
         )
 
 
-def load_average(n: Restorable, source: Source, entries: list[ManifestEntry]) -> None:
+def _recorded_config(meta: dict[str, Any]) -> dict[str, Any] | None:
+    config = meta.get("config")
+    return config if isinstance(config, dict) else None
+
+
+def load_average(
+    n: Restorable, source: Source, entries: list[ManifestEntry]
+) -> dict[str, Any] | None:
     """``weights=... => Average(...)``: load the average into a new run."""
     resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
     result = average(resolved, n.run_dir, load_ema=n.options.load_ema)
@@ -256,6 +267,7 @@ def load_average(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
         n.ema.reset()
     n.checkpoint_source = resolved.path
     n.averaged_from = result.averaged_from
+    return _recorded_config(result.meta)
 
 
 def restore_average(n: Restorable, avg: Average, entries: list[ManifestEntry]) -> Average | None:

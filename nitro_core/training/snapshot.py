@@ -48,6 +48,7 @@ class Recorded(Protocol):
     seed: int
     run_id: str
     parent: str | None
+    parent_diff: dict[str, list[Any]] | None
     step: int
     epoch: int
     stop_reason: StopReason | None
@@ -67,6 +68,7 @@ def take(n: Recorded) -> records.Snapshot:
         "seed": n.seed,
         "run": n.run_id,
         "parent": n.parent,
+        "parent_diff": n.parent_diff,
         "experiment": type(exp).__qualname__,
         "config": config_of(exp),
         "host_fields": sorted(host_fields(type(exp))),

@@ -95,6 +95,13 @@ def _compare(args: argparse.Namespace) -> int:
         )
         for field, values in result.config_diff.items():
             yield f"{field}: {' | '.join(cell(v) for v in values)}"
+        for r in result.runs:
+            if r.parent:
+                changed = ", ".join(
+                    f"{name} {cell(old)} -> {cell(new)}"
+                    for name, (old, new) in (r.parent_diff or {}).items()
+                )
+                yield f"{r.source} branched from {r.parent}" + (f": {changed}" if changed else "")
 
     emit(args, result, lines)
     return OK

@@ -13,7 +13,7 @@ from nitro_core import (
     Nitro,
 )
 from nitro_core.examples import Classifier, Regression
-from nitro_core.experiment import config_diff, host_fields
+from nitro_core.experiment import changed_fields, config_diff, host_fields
 
 from .tiny import Tiny
 
@@ -105,3 +105,12 @@ def test_host_alias_is_annotated_and_still_validated():
     assert host_fields(WithHost) == {"max_epochs", "rate"}
     with pytest.raises(ConfigError, match="field 'rate' expects"):
         WithHost(rate="fast")
+
+
+def test_changed_fields_names_every_changed_added_and_removed_field_host_ones_too():
+    parent = {"lr": 0.01, "max_epochs": 2, "hidden": 8, "gone": "x"}
+    child = {"lr": 0.05, "max_epochs": 3, "hidden": 8, "new": [1, 2]}
+    assert changed_fields(parent, child) == {
+        "lr": [0.01, 0.05], "max_epochs": [2, 3], "gone": ["x", None], "new": [None, [1, 2]],
+    }  # fmt: skip
+    assert changed_fields(parent, dict(parent)) == {}

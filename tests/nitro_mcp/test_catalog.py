@@ -113,7 +113,9 @@ def test_nitro_runs_without_a_directory_lists_every_run_directory_under_the_root
         "checkpoints": len(entries), "experiment": "Regression",
         "config": ", ".join(f"{k}={json.dumps(v)}" for k, v in config.items()),
         "metric": "loss", "mode": "min", "best_score": min(scores), "best_run": ids["b"],
-        "last_written": entries[-1].written, "bytes": tree_bytes(tmp / "runs/reg"), "error": None,
+        "last_written": entries[-1].written, "parent": f"{ids['a']}/{ids['best']}",
+        "parent_diff": {"lr": [0.01, 0.05], "max_epochs": [2, 3]},
+        "bytes": tree_bytes(tmp / "runs/reg"), "error": None,
     }  # fmt: skip
     assert reg["config"].startswith("max_epochs=3, features=8, hidden=8, samples=64")
     assert listing["total"] == 2 and listing["next_cursor"] is None and listing["runs"] == []
@@ -191,9 +193,41 @@ def test_nitro_compare_shows_the_plain_fields_that_differ_metrics_wall_time_and_
         "best_epoch": min(points, key=lambda p: p.score).epoch,
         "final": {"loss": rows[-1]["val"]["loss"], "train_loss": rows[-1]["train_loss"]},
         "wall_s": round(sum(r["seconds"] for r in rows), 3), "wall_from": "log",
-        "parent": f"{a}/{ids['best']}", "stop_reason": "completed",
+        "parent": f"{a}/{ids['best']}", "parent_diff": {"lr": [0.01, 0.05], "max_epochs": [2, 3]},
+        "stop_reason": "completed",
     }  # fmt: skip
     assert out["runs"][0]["parent"] is None and out["runs"][0]["epochs"] == 2
+    assert out["runs"][0]["parent_diff"] is None
+
+
+def test_a_resume_branch_shows_its_parent_and_the_fields_it_changed_and_keeps_them(tmp_path):
+    """Lineage through resume=: a branch from an earlier record (with another max_epochs, the
+    only kind of field a resume may change) names that record and the change; continuing the
+    branch keeps its parent and shows the latest value; the original run has no lineage."""
+    reg = tmp_path / "runs" / "reg"
+    a = Nitro(Regression(**{**SMALL, "max_epochs": 3}), run_dir=reg).train().run_id
+    first = read_manifest(reg)[0]
+    with pytest.warns(NitroWarning, match="branches into a new run"):
+        d = Nitro(Regression(**{**SMALL, "max_epochs": 4}), run_dir=reg,
+                  resume=str(reg / first.file)).train().run_id  # fmt: skip
+    head = checkpoint_info(reg / read_manifest(reg)[-1].file)
+    assert head["run"] == d and head["parent_diff"] == {"max_epochs": [3, 4]}
+    [(err, out)] = run_calls(tmp_path, ("nitro_compare", {"sources": ["runs/reg:all"]}))
+    assert not err, out
+    lineage = {r["source"]: (r["parent"], r["parent_diff"]) for r in out["runs"]}
+    assert lineage == {
+        f"runs/reg:{a}": (None, None),
+        f"runs/reg:{d}": (f"{a}/{first.file}", {"max_epochs": [3, 4]}),
+    }
+    # continued under its own id with a longer budget: the same parent, the latest value
+    again = Nitro(Regression(**{**SMALL, "max_epochs": 5}), run_dir=reg, resume="auto").train()
+    assert again.run_id == d
+    [(err, listing)] = run_calls(tmp_path, ("nitro_runs", {}))
+    assert not err, listing
+    (summary,) = listing["run_dirs"]
+    assert (summary["parent"], summary["parent_diff"]) == (
+        f"{a}/{first.file}", {"max_epochs": [3, 5]},
+    )  # fmt: skip
 
 
 def test_nitro_compare_falls_back_to_the_records_history_without_a_log(root):

@@ -12,7 +12,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from nitro_core import Nitro, checkpoint_info, read_manifest
+from nitro_core import Nitro, NitroWarning, checkpoint_info, read_manifest
 from nitro_core.errors import Arg, Call, CheckpointerFix, ConfigError, FieldFix, Lister, Redo
 from nitro_core.examples import Regression
 from nitro_mcp.cli import main
@@ -285,6 +285,26 @@ def test_compare_json_is_the_tools_result(tmp_path, monkeypatch, capsys):
     mine = json.loads(out)
     theirs = tool(tmp_path, "nitro_compare", sources=["runs/a", "runs/b"]).structured_content
     assert mine == theirs and mine["config_diff"]["lr"] == [0.01, 0.02]
+
+
+def test_compare_at_a_terminal_names_each_branch_its_parent_and_what_it_changed(
+    tmp_path, monkeypatch, capsys
+):
+    a = Nitro(Regression(max_epochs=2, samples=64), run_dir=tmp_path / "runs" / "a")
+    a.train().close()
+    best = min(read_manifest(tmp_path / "runs" / "a"), key=lambda e: e.score)
+    with pytest.warns(NitroWarning, match="trained under another config"):
+        b = Nitro(Regression(max_epochs=3, samples=64, lr=0.05), run_dir=tmp_path / "runs" / "b",
+                  weights=f"runs/a/{best.file}")  # fmt: skip
+    b.train().close()
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["compare", "runs/a", "runs/b"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == (
+        f"runs/b:{b.run_id} branched from {a.run_id}/{best.file}: max_epochs 2 -> 3, lr 0.01 -> 0.05"
+    )
+    assert not any(line.startswith(f"runs/a:{a.run_id} branched") for line in out)
 
 
 def test_status_and_stop_of_a_job_are_the_tools_results(tmp_path, monkeypatch, capsys):
