@@ -196,7 +196,8 @@ class Child:
     def wait_for(self, name: str, text: str) -> None:
         while True:
             try:
-                line = self.lines[name].get(timeout=60)
+                # a hang guard only: a loaded machine may take minutes to import torch
+                line = self.lines[name].get(timeout=600)
             except queue.Empty:
                 self.proc.kill()
                 raise AssertionError(f"no {text!r} on std{name}: {self.seen[name]}") from None
@@ -211,7 +212,7 @@ class Child:
 
     def end(self) -> int:
         """Its exit status, once it exited and its output was read to the end."""
-        code = self.proc.wait(timeout=120)
+        code = self.proc.wait(timeout=600)
         for pump in self.pumps:
             pump.join(timeout=30)
         for name, lines in self.lines.items():

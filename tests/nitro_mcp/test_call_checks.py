@@ -63,6 +63,7 @@ def test_each_override_that_differs_from_the_record_is_named_in_a_warning(traine
     assert val["warnings"] == ["overrides change batch_size: 64 (record) -> 32 (call)"]
 
 
+@pytest.mark.slow  # 10 s: two trainings and a validation through jobs; the default suite stays under 4 min
 def test_a_model_trained_away_from_the_defaults_validates_and_averages_as_recorded(wide_root):
     recorded = read_manifest(wide_root / "runs/Classifier")[-1]
 

@@ -84,7 +84,7 @@ def test_a_new_train_option_is_one_field_and_reaches_nitro_through_the_tool_job_
     root.mkdir()
     env = {**os.environ, "PYTHONPATH": str(copy)}  # the worker it starts imports the copy too
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(root)], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     # the tool's schema shows it, with its description and default

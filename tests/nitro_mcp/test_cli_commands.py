@@ -268,7 +268,7 @@ def test_the_terminal_reads_the_parts_not_the_python_text():
 
 def test_the_module_runs_as_a_program_with_json_on_stdout_and_nothing_on_stderr(root):
     done = subprocess.run([sys.executable, "-m", "nitro_mcp.cli", "manifest", "runs/r", "--json"],
-                          cwd=root, capture_output=True, text=True, timeout=120)  # fmt: skip
+                          cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert (done.returncode, done.stderr) == (0, "")
     assert json.loads(done.stdout)["total"] == 2
 

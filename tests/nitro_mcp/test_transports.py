@@ -63,7 +63,7 @@ def http_server(tmp_path):
          "--root", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # a loaded machine may take minutes to start it
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
