@@ -280,7 +280,7 @@ def compare(root: Path, sources: list[str]) -> models.CompareResult:
     manifests: dict[Path, Manifest] = {}
     picked: list[tuple[Path, str]] = []
     for i, text in enumerate(sources):
-        directory, runs = _compare_source(root, text, i, manifests)
+        directory, runs = run_source(root, text, f"sources[{i}]", manifests)
         picked += [(directory, run) for run in runs]
     if not 2 <= len(picked) <= 8:
         raise ConfigError(
@@ -288,6 +288,17 @@ def compare(root: Path, sources: list[str]) -> models.CompareResult:
             f"nitro_compare compares 2 to 8, {EXAMPLE_SOURCES} (a directory alone is its "
             "latest run; 'runs/a:all' is each of its runs)."
         )
+    return side_by_side(root, picked, manifests)
+
+
+def side_by_side(
+    root: Path, picked: Sequence[tuple[Path, str]], manifests: dict[Path, Manifest] | None = None
+) -> models.CompareResult:
+    """The runs ``picked`` (run directory, run id) side by side, within the reply's size."""
+    manifests = {} if manifests is None else manifests
+    for directory, _ in picked:
+        if directory not in manifests:
+            manifests[directory] = manifest.load(directory)
     facts = [_facts(root, d, run, manifests[d]) for d, run in picked]
     diff, omitted = _config_diff([f.config for f in facts], {h for f in facts for h in f.host})
     result = models.CompareResult(
@@ -301,10 +312,11 @@ def compare(root: Path, sources: list[str]) -> models.CompareResult:
     return result
 
 
-def _compare_source(
-    root: Path, text: str, i: int, manifests: dict[Path, Manifest]
+def run_source(
+    root: Path, text: str, what: str, manifests: dict[Path, Manifest]
 ) -> tuple[Path, list[str]]:
-    what = f"sources[{i}]"
+    """The run directory ``text`` names and its runs: ``'runs/a'`` (its latest run),
+    ``'runs/a:<run id>'`` or ``'runs/a:all'``; ``what``: the argument, for a refusal."""
     head, _, tail = text.rpartition(":")
     path_text, run = (head, tail) if head and RUN_ID.match(tail) else (text, "latest")
     directory = directory_inside_root(root, path_text, what)
@@ -522,5 +534,7 @@ __all__ = [
     "find_run_dirs",
     "holds_manifest",
     "run_dirs",
+    "run_source",
+    "side_by_side",
     "summarize",
 ]

@@ -21,6 +21,29 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class GroupJob(_Model):
+    """One seed's job in a group."""
+
+    job_id: str
+    seed: int
+    state: JobState
+    run_dir: str
+    epoch: int
+    last_val: dict[str, float | None] = Field(default_factory=dict)
+
+
+class GroupBrief(_Model):
+    """A seed group: one training call run once per seed, followed as one item."""
+
+    group: str
+    state: JobState = Field(description="running while any job is live; succeeded when all did.")
+    n: int
+    counts: dict[str, int] = Field(
+        description="Jobs per state, e.g. {'succeeded': 2, 'running': 1}."
+    )
+    jobs: list[GroupJob]
+
+
 class JobHandle(_Model):
     """A job that was accepted and is queued or running."""
 
@@ -32,6 +55,7 @@ class JobHandle(_Model):
     poll_after_s: float = Field(description="Seconds to wait before calling nitro_status.")
     next: str = Field(description="What to call next.")
     duplicate: bool = Field(default=False, description="A retry of request_id.")
+    group: GroupBrief | None = None
 
 
 class KeptCheckpoint(_Model):
@@ -90,6 +114,7 @@ class JobStatusResult(_Model):
         description="executor='slurm': the Slurm job id and what the scheduler last said "
         "(state, source: sacct, or squeue/scontrol without accounting, at, nodes).",
     )
+    group: GroupBrief | None = None
 
     @model_serializer(mode="wrap")
     def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -141,6 +166,8 @@ class JobSummary(_Model):
     run_dir: str
     epoch: int
     created: str
+    group: str | None = Field(default=None, description="A seed group listed as one item.")
+    counts: dict[str, int] | None = Field(default=None, description="A group's jobs per state.")
 
 
 class PrunedJobs(_Model):
@@ -164,7 +191,7 @@ class JobsPage(_Model):
 class StopResult(_Model):
     job_id: str
     state: JobState
-    phase: Phase
+    phase: Phase | None = Field(description="A job's; null for a group.")
     next: str
 
 
@@ -289,6 +316,35 @@ class CompareRun(_Model):
     stop_reason: str | None
 
 
+class MetricSpread(_Model):
+    """One metric over a group's runs, and against the baseline's."""
+
+    metric: str
+    mean: float
+    std: float | None = Field(description="Sample standard deviation (n - 1); null for n = 1.")
+    n: int
+    baseline_mean: float | None = None
+    baseline_std: float | None = None
+    baseline_n: int | None = None
+    difference: float | None = Field(default=None, description="mean - baseline_mean.")
+    sigmas: float | None = Field(
+        default=None, description="difference / baseline_std; null when the baseline has no spread."
+    )
+    within_noise: bool | None = Field(default=None, description="|sigmas| < 2.")
+
+
+class GroupComparison(_Model):
+    """A group's final records, metric by metric: mean, spread, and the baseline's."""
+
+    group: str
+    baseline: str | None
+    runs: list[str] = Field(description="The group's runs compared, '<run_dir>:<run id>'.")
+    baseline_runs: list[str]
+    metrics: list[MetricSpread]
+    left_out: list[str] = Field(description="Jobs without a record to compare, and why.")
+    note: str
+
+
 class CompareResult(_Model):
     runs: list[CompareRun]
     config_diff: dict[str, list[Any]] = Field(
@@ -296,6 +352,7 @@ class CompareResult(_Model):
     )
     config_diff_omitted: int
     next: str
+    spread: GroupComparison | None = None
 
 
 class DeletedFile(_Model):

@@ -296,9 +296,18 @@ class OutputListingSchema(ListingSchema):
         return {"type": "string"}
 
     def model_fields_schema(self, schema: core_schema.ModelFieldsSchema) -> JsonSchemaValue:
+        """A reply's fields; one that is a model of its own (a group, the epoch in progress)
+        as an object, its fields named in ``schemas/``, as a list of objects is."""
         out = super().model_fields_schema(schema)
-        for prop in out.get("properties", {}).values():
+        properties = out.get("properties", {})
+        for name, prop in properties.items():
             prop.pop("description", None)
+            if isinstance(prop.get("$ref"), str):
+                properties[name] = {"type": "object"}
+            choices = prop.get("anyOf")
+            if isinstance(choices, list) and len(choices) == 2 and {"type": "null"} in choices:
+                if any(isinstance(c, dict) and "$ref" in c for c in choices):
+                    properties[name] = {"type": ["object", "null"]}
         return out
 
     def list_schema(self, schema: core_schema.ListSchema) -> JsonSchemaValue:

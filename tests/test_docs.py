@@ -47,9 +47,12 @@ def test_every_json_block_parses(page, line, text):
     json.loads(text)
 
 
+TOOL_PAGES = ("mcp.md", "research-loops.md")  # pages whose marked calls and replies are checked
+
+
 def _documented(kind: str) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
-    for b in PAGES["mcp.md"]:
+    for b in (b for page in TOOL_PAGES for b in PAGES[page]):
         if b.mark and b.mark.startswith(f"{kind}:"):
             found.setdefault(b.mark.removeprefix(f"{kind}:"), []).append(b.text)
     return found

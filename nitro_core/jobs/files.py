@@ -87,6 +87,7 @@ class JobSpec(BaseModel):
     max_jobs: int = Field(default=2, ge=0)  # the submitting server's limit, for the worker's pump
     max_eval_jobs: int = Field(default=2, ge=0)  # its limit on validate and average jobs
     created: str
+    group: str | None = None  # the seed group it is one job of (jobs.groups)
 
     @model_validator(mode="before")
     @classmethod

@@ -53,12 +53,13 @@ class IndexRow(BaseModel):
     run_dir: str
     epoch: int = 0
     created: str
+    group: str | None = None  # its seed group, if it is one job of one
 
     @classmethod
-    def of(cls, status: JobStatus, experiment: str | None) -> IndexRow:
+    def of(cls, status: JobStatus, experiment: str | None, group: str | None = None) -> IndexRow:
         return cls(
             job_id=status.job_id, kind=status.kind, state=status.state, experiment=experiment,
-            run_dir=status.run_dir, epoch=status.epoch, created=status.created,
+            run_dir=status.run_dir, epoch=status.epoch, created=status.created, group=group,
         )  # fmt: skip
 
 

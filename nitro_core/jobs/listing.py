@@ -81,7 +81,8 @@ class JobListing:
         """Jobs ``start`` to ``start + limit`` of the listing, newest first, and whether more
         follow: from the index (``rows``), with only the live jobs read from their own files."""
         current = [r for r in rows.values() if r.state in TERMINAL] + [
-            IndexRow.of(s, rows[s.job_id].experiment) for s in self.current(rows)
+            IndexRow.of(s, rows[s.job_id].experiment, rows[s.job_id].group)
+            for s in self.current(rows)
         ]  # a live job whose files cannot be read now is left out, as a full scan would
         listed = [r for r in current if state is None or r.state == state]
         listed.sort(key=lambda r: (r.created, r.job_id), reverse=True)
@@ -116,10 +117,10 @@ class JobListing:
         if status is None:
             return None
         try:
-            experiment = read_spec(self.jobs_dir / name).experiment
+            spec = read_spec(self.jobs_dir / name)
         except (OSError, ValueError):  # being created right now: its next listing reads it
             return None
-        return IndexRow.of(status, experiment)
+        return IndexRow.of(status, spec.experiment, spec.group)
 
     def current(self, rows: dict[str, IndexRow] | None = None) -> list[JobStatus]:
         """The statuses of the jobs not known to have ended (among ``rows``, by default
@@ -134,7 +135,7 @@ class JobListing:
                 continue
             status = self._refresh(status)
             if status.state in TERMINAL:
-                self.index.note(IndexRow.of(status, row.experiment))
+                self.index.note(IndexRow.of(status, row.experiment, row.group))
             out.append(status)
         return out
 

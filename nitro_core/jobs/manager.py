@@ -63,10 +63,15 @@ class JobManager:
 
     # -- creating and starting ------------------------------------------------------------------
     def submit(
-        self, call: Call, after: str | None = None, experiment_modules: Sequence[str] = ()
+        self,
+        call: Call,
+        after: str | None = None,
+        experiment_modules: Sequence[str] = (),
+        group: str | None = None,
     ) -> JobStatus:
         """Create a job running ``call`` (validated already) and start it when a slot is
-        free; ``after``: a job it waits for; ``experiment_modules``: what its worker imports."""
+        free; ``after``: a job it waits for; ``experiment_modules``: what its worker imports;
+        ``group``: the seed group it is one job of."""
         job_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
         directory = job_dir(self.root, job_id)
         for d in (self.store_dir, self.jobs_dir):
@@ -82,6 +87,7 @@ class JobManager:
         spec = JobSpec(
             job_id=job_id, kind=call.kind, call=call, experiment_modules=list(experiment_modules),
             after=after, created=now_iso(), max_jobs=self.max_jobs, max_eval_jobs=self.max_eval_jobs,
+            group=group,
         )  # fmt: skip
         write_json(directory / "spec.json", spec)
         status = JobStatus(
@@ -94,7 +100,7 @@ class JobManager:
         )
         write_json(directory / "status.json", status)
         append_event(directory, {"time": spec.created, "event": "queued"})
-        self.listing.index.note(IndexRow.of(status, spec.experiment))
+        self.listing.index.note(IndexRow.of(status, spec.experiment, group))
         self.executors[status.executor].submit(directory, spec)
         return self.status(job_id)
 

@@ -57,6 +57,11 @@ class RecordHeader(BaseModel):
     config: dict[str, Any]
     host_fields: list[str]
     metrics: dict[str, float] = Field(description="Finalized 'val' metrics of this epoch.")
+    budget: dict[str, Any] | None = Field(
+        default=None,
+        description="The budget of the train() call that wrote the record: max_steps and "
+        "time_limit (seconds); null when it had none.",
+    )
     metric: str | None
     mode: Literal["min", "max"] | None
     stop_reason: Literal["completed", "early_stop", "requested", "budget"] | None

@@ -59,6 +59,12 @@ class Budget:
     def active(self) -> bool:
         return self.max_steps is not None or self.time_limit is not None
 
+    def header(self) -> dict[str, float | int | None] | None:
+        """What a record says of the budget it was written under (None: no budget)."""
+        if not self.active:
+            return None
+        return {"max_steps": self.max_steps, "time_limit": self.time_limit}
+
     def start(self, step: int) -> None:
         """``train()`` begins at ``step``: the time limit counts from now."""
         self._began = self.clock()

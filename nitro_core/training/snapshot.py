@@ -21,6 +21,7 @@ from nitro_core.state import records, rng
 from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMATracker
 from nitro_core.store.manifest import StopReason
+from nitro_core.training.budget import Budget
 from nitro_core.training.distributed import Dist
 from nitro_core.training.loggers import Logger
 from nitro_core.training.ranking import Ranking
@@ -49,6 +50,7 @@ class Recorded(Protocol):
     run_id: str
     parent: str | None
     parent_diff: dict[str, list[Any]] | None
+    budget: Budget
     step: int
     epoch: int
     stop_reason: StopReason | None
@@ -73,6 +75,7 @@ def take(n: Recorded) -> records.Snapshot:
         "config": config_of(exp),
         "host_fields": sorted(host_fields(type(exp))),
         "metrics": last.get("val", {}),
+        "budget": n.budget.header(),
         "metric": n.ranking.pair[0],
         "mode": n.ranking.pair[1],
         "stop_reason": n.stop_reason,

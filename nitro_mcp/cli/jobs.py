@@ -109,7 +109,7 @@ def _stop(args: argparse.Namespace) -> int:
     result = stop(gate(args), args.job_id, args.force)
     follow = f"nitro status {result.job_id} --wait 25 --until end"
     emit(args, result, lambda: [
-        f"job {result.job_id}: {result.state} ({result.phase})",
+        f"job {result.job_id}: {result.state}" + (f" ({result.phase})" if result.phase else ""),
         f"{'killed' if args.force else 'stopping after its epoch'}; {follow} follows it",
     ])  # fmt: skip
     return OK

@@ -15,6 +15,7 @@ from typing import Any
 from nitro_core.errors import render
 from nitro_mcp.cli.common import (
     OK,
+    REFUSED,
     Handler,
     cell,
     command,
@@ -22,6 +23,7 @@ from nitro_mcp.cli.common import (
     gate,
     root_option,
     run_directory,
+    say,
     table,
 )
 from nitro_mcp.terminal import TerminalRenderer
@@ -43,10 +45,12 @@ def add(sub: Any) -> dict[str, Handler]:
     plot.add_argument("--runs", nargs="+", metavar="RUN", help="up to 8 run ids (default: the latest)")  # fmt: skip
     plot.add_argument("--metrics", nargs="+", metavar="METRIC", help="e.g. val.acc (default: loss and val metrics)")  # fmt: skip
     root_option(plot)
-    compare = command(sub, "compare", "compare 2 to 8 runs: differing config, best and final metrics",
+    compare = command(sub, "compare", "compare 2 to 8 runs, or a seed group's spread to a baseline",
                       "nitro compare runs/a runs/b")  # fmt: skip
-    compare.add_argument("sources", nargs="+", metavar="SOURCE",
+    compare.add_argument("sources", nargs="*", metavar="SOURCE",
                          help="'runs/a' (its latest run), 'runs/a:<run id>' or 'runs/a:all'")  # fmt: skip
+    compare.add_argument("--group", help="a seed group's id (group-...), instead of SOURCEs")
+    compare.add_argument("--baseline", help="with --group: a group id or a SOURCE to measure it against")  # fmt: skip
     root_option(compare)
     return {"history": _history, "plot": _plot, "compare": _compare}
 
@@ -83,6 +87,12 @@ def _plot(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from nitro_mcp.catalog import compare  # lazy: the gate imports torch
 
+    if args.group is not None or args.baseline is not None:
+        return _compare_group(args)
+    if len(args.sources) < 2:
+        say("nitro compare: name 2 to 8 runs (e.g. nitro compare runs/a runs/b), or a seed group "
+            "with --group group-... [--baseline runs/a].")  # fmt: skip
+        return REFUSED
     g = gate(args, *(s.rpartition(":")[0] or s for s in args.sources))
     result = compare(g.root, [_rooted(g.root, s) for s in args.sources])
 
@@ -102,6 +112,36 @@ def _compare(args: argparse.Namespace) -> int:
                     for name, (old, new) in (r.parent_diff or {}).items()
                 )
                 yield f"{r.source} branched from {r.parent}" + (f": {changed}" if changed else "")
+
+    emit(args, result, lines)
+    return OK
+
+
+def _compare_group(args: argparse.Namespace) -> int:
+    from nitro_mcp.group_compare import compare  # lazy: the gate imports torch
+
+    if args.group is None or args.sources:
+        say("nitro compare: --group compares a seed group (with --baseline for what it is "
+            "measured against) instead of SOURCEs; e.g. nitro compare --group group-... "
+            "--baseline runs/a.")  # fmt: skip
+        return REFUSED
+    g = gate(args)
+    baseline = None if args.baseline is None else _rooted(g.root, args.baseline)
+    if args.baseline is not None and args.baseline.startswith("group-"):
+        baseline = args.baseline
+    result = compare(g, args.group, baseline)
+    spread = result.spread
+    assert spread is not None  # a group's comparison always has one
+
+    def lines() -> Iterator[str]:
+        rows = [[m.metric, cell(m.mean), cell(m.std), m.n, cell(m.baseline_mean),
+                 cell(m.baseline_std), m.baseline_n, cell(m.sigmas),
+                 {True: "yes", False: "no", None: "-"}[m.within_noise]]
+                for m in spread.metrics]  # fmt: skip
+        yield from table(["metric", "mean", "std", "n", "baseline mean", "baseline std",
+                          "baseline n", "sigmas", "within noise"], rows)  # fmt: skip
+        yield from (f"left out: {text}" for text in spread.left_out)
+        yield spread.note
 
     emit(args, result, lines)
     return OK

@@ -20,9 +20,10 @@ from nitro_core.errors import ConfigError
 from nitro_core.jobs import JobStatus
 from nitro_core.jobs.call_models import Refusal
 from nitro_core.jobs.files import TERMINAL, job_dir, log_tail
+from nitro_core.jobs.groups import is_group_id
 from nitro_core.policy import retention
 from nitro_core.store import manifest
-from nitro_mcp import following, job_cleanup, models
+from nitro_mcp import following, job_cleanup, models, seed_groups
 from nitro_mcp.echo import clip
 from nitro_mcp.gate import Gate, Progress, next_step, page
 from nitro_mcp.paths import shown
@@ -38,7 +39,9 @@ def register(server: NitroServer, gate: Gate) -> None:
     @tool(server, "A job's state, progress, metrics, kept checkpoints and log tail; wait_s "
           "long-polls.")  # fmt: skip
     async def nitro_status(
-        job_id: Annotated[str, Field(description="From nitro_train, nitro_validate or average.")],
+        job_id: Annotated[
+            str, Field(description="From nitro_train (a job or group), nitro_validate, average.")
+        ],
         wait_s: Annotated[
             float,
             Field(ge=0, le=25, description="Long-poll seconds."),
@@ -85,6 +88,8 @@ async def status(
     brief: bool = False,
 ) -> models.JobStatusResult:  # fmt: skip
     by_epoch = until == "change"
+    if is_group_id(job_id):  # a seed group, followed as one
+        return await seed_groups.status(gate, job_id, wait_s, progress, until, brief)
     now = gate.jobs.status(checked_job_id(job_id))
     if wait_s > 0 and now.state not in TERMINAL:
         now = await gate.wait(job_id, wait_s, progress, until_change=now if by_epoch else None)
@@ -107,18 +112,7 @@ def list_jobs(
         pruned = job_cleanup.prune_jobs(gate.jobs, prune_older_than_h, dry_run)
     # the job index: ended jobs from one file, only the live ones read from their own
     listed, more = gate.jobs.page(state, start, limit)  # type: ignore[arg-type]  # checked above
-    jobs = [
-        models.JobSummary(
-            job_id=s.job_id,
-            kind=s.kind,
-            state=s.state,
-            experiment=s.experiment,
-            run_dir=shown(gate.root, s.run_dir),
-            epoch=s.epoch,
-            created=s.created,
-        )  # fmt: skip
-        for s in listed
-    ]
+    jobs = seed_groups.listed(gate, listed)  # a group's jobs as one item
     shown_n = fit(jobs, limit)  # a page stays within the reply budget
     return models.JobsPage(
         jobs=jobs[:shown_n],
@@ -128,6 +122,8 @@ def list_jobs(
 
 
 def stop(gate: Gate, job_id: str, force: bool) -> models.StopResult:
+    if is_group_id(job_id):
+        return seed_groups.stop(gate, job_id, force)
     stopped = gate.jobs.stop(checked_job_id(job_id), force)
     follow = following.follow_call(job_id)
     nxt = f"The epoch finishes, validates and checkpoints first; call {follow} to see it end."

@@ -14,8 +14,9 @@ from mcp.server.mcpserver import Image
 from mcp.types import TextContent
 from pydantic import Field
 
-from nitro_core.errors import render
-from nitro_mcp import catalog, models, observe
+from nitro_core.errors import ConfigError, render
+from nitro_mcp import catalog, group_compare, models, observe
+from nitro_mcp.echo import clip
 from nitro_mcp.gate import Gate
 from nitro_mcp.refusals import ToolRenderer
 from nitro_mcp.replies import NitroServer
@@ -58,12 +59,31 @@ def register(server: NitroServer, gate: Gate) -> None:
         text = render(caption, ToolRenderer("nitro_plot"))
         return [Image(data=png, format="png"), TextContent(type="text", text=text)]
 
-    @tool(server, "Compare 2 to 8 runs: config differences, best and final metrics, epochs, "
-          "wall time, parent.")  # fmt: skip
+    @tool(server, "Compare 2 to 8 runs (config diff, metrics, parent), or a seed group's "
+          "mean/std against a baseline.")  # fmt: skip
     async def nitro_compare(
         sources: Annotated[
-            list[str],
+            list[str] | None,
             Field(description="'runs/a' (latest run), 'runs/a:<run id>', 'runs/a:all'."),
-        ],
+        ] = None,
+        group: Annotated[str | None, Field(description="A group id from nitro_train(seeds=).")] = None,
+        baseline: Annotated[str | None, Field(description="With group: a group id or sources item.")] = None,
     ) -> models.CompareResult:  # fmt: skip
-        return await off_loop(catalog.compare, gate.root, sources)
+        if group is None:
+            if baseline is not None:
+                raise ConfigError(
+                    f"baseline={clip(baseline)} is what a group is compared against; send "
+                    f"group= with it, {group_compare.EXAMPLE}."
+                )
+            if sources is None:
+                raise ConfigError(
+                    "nitro_compare needs sources=[...] (2 to 8 runs, e.g. sources=['runs/a', "
+                    f"'runs/b']) or group= (a seed group), {group_compare.EXAMPLE}."
+                )
+            return await off_loop(catalog.compare, gate.root, sources)
+        if sources is not None:
+            raise ConfigError(
+                f"sources and group={clip(group)} both name what to compare; send group= (with "
+                "baseline= for what it is measured against) or sources=, not both."
+            )
+        return await off_loop(group_compare.compare, gate, group, baseline)

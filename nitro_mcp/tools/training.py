@@ -16,7 +16,7 @@ from mcp.server.mcpserver import Context
 from pydantic import Field, StrictBool
 
 from nitro_core.errors import ConfigError
-from nitro_core.jobs import JobStatus, request_ids, slurm
+from nitro_core.jobs import JobStatus, groups, request_ids, slurm
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
 from nitro_core.jobs.calls import arguments, train_arguments
 from nitro_core.jobs.ranks import process_limit
@@ -26,7 +26,7 @@ from nitro_core.store import manifest
 from nitro_core.training.options import check_options
 from nitro_core.training.resume import latest_point, resume_from_source
 from nitro_core.training.setup import check_seed
-from nitro_mcp import call_checks, following, models, observe
+from nitro_mcp import call_checks, following, models, observe, seed_groups
 from nitro_mcp.arguments import arguments_model, flag_text
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.gate import Gate, Progress, next_step
@@ -45,6 +45,8 @@ TrainArguments = arguments_model(
                    "run_dir (false: refuse).")),
     request_id=(str | None, Field(default=None, description="Retries with this id get its "
                 "job.")),
+    seeds=(list[int] | None, Field(default=None, description="A job per seed, as one group "
+           "(run_dir/seed-<s>).")),
 )  # fmt: skip
 ValidateArguments = arguments_model(
     "nitro_validate", ValidateCall, wait_s=wait_parameter(60, "the metrics", 20)
@@ -58,7 +60,9 @@ def register(server: NitroServer, gate: Gate) -> None:
     @tool(server, "Start training as a background job; returns its job_id at once.", TrainArguments)  # fmt: skip
     async def nitro_train(arguments: Any, ctx: Context | None) -> models.JobHandle:
         call = call_of(TrainCall, arguments)
-        return await off_loop(train, gate, call, arguments.after_running, arguments.request_id)
+        return await off_loop(
+            train, gate, call, arguments.after_running, arguments.request_id, arguments.seeds
+        )
 
     @tool(server, "Evaluate a checkpoint on a split: its metrics within wait_s, else the "
           "job_id.", ValidateArguments)  # fmt: skip
@@ -75,14 +79,24 @@ def register(server: NitroServer, gate: Gate) -> None:
 
 # -- nitro_train -------------------------------------------------------------------------------
 def train(
-    gate: Gate, call: TrainCall, after_running: bool = False, request_id: str | None = None
+    gate: Gate,
+    call: TrainCall,
+    after_running: bool = False,
+    request_id: str | None = None,
+    seeds: list[int] | None = None,
 ) -> models.JobHandle:
     """Check a training call whole and submit it (queued behind a job training its run
-    directory when ``after_running``); with ``request_id``, a retry of a call that started a
-    job gets that job (``duplicate``) and starts nothing."""
+    directory when ``after_running``); with ``seeds``, one job per seed as one group; with
+    ``request_id``, a retry of a call that started a job (or a group) gets that job and
+    starts nothing."""
     notes: list[str] = []
+    if seeds is not None:
+        seeds = groups.check_seeds(seeds)
 
     def start() -> JobStatus:
+        if seeds is not None:
+            group = _start_group(gate, call, seeds, after_running)
+            return gate.jobs.status(group.jobs[0])
         status, behind = _submit_train(gate, call, after_running)
         notes.append(behind)
         return status
@@ -92,22 +106,76 @@ def train(
     else:
         digest = request_ids.call_digest(
             {**call.model_dump(mode="json"), "after_running": after_running}
+            | ({"seeds": seeds} if seeds is not None else {})
         )
         status, duplicate = request_ids.once(
             gate.jobs.store_dir, request_id, digest, gate.jobs.status, start
         )
     if duplicate:
         notes.append(
-            f"An earlier call with request_id={request_id!r} started this job; this one "
-            "started nothing. "
+            f"An earlier call with request_id={request_id!r} started this "
+            f"{'group' if seeds is not None else 'job'}; this one started nothing. "
         )
-    handle = gate.handle(status, call.experiment, 2.0,
-                         f"{''.join(notes)}Follow it with {following.follow_call(status.job_id)}.")  # fmt: skip
+    if seeds is not None:
+        group_id = gate.jobs.spec(status.job_id).group
+        assert group_id is not None  # its first job names it
+        handle = group_handle(gate, group_id, "".join(notes))
+    else:
+        handle = gate.handle(status, call.experiment, 2.0,
+                             f"{''.join(notes)}Follow it with {following.follow_call(status.job_id)}.")  # fmt: skip
     return handle.model_copy(update={"duplicate": duplicate})
+
+
+def _start_group(
+    gate: Gate, call: TrainCall, seeds: list[int], after_running: bool
+) -> groups.Group:
+    """One job per seed, each training ``<run_dir>/seed-<s>``, every call checked before the
+    first job is submitted; the group's file names them."""
+    if call.seed is not None:
+        raise ConfigError(
+            f"seed={clip(call.seed)} and seeds={clip(seeds)} both name seeds; send seeds=[...] "
+            "for a group (one run per seed) or seed= for one run, not both."
+        )
+    for seed in seeds:
+        _check_seed(seed)
+    base = gate.run_dir(call.run_dir, call.experiment)
+    checked = [
+        _checked_train(gate, call.model_copy(update={
+            "seed": seed, "run_dir": shown(gate.root, groups.seed_dir(base, seed))}), after_running)
+        for seed in seeds
+    ]  # fmt: skip
+    group_id = groups.new_group_id()
+    jobs = [
+        gate.jobs.submit(c, after=after, experiment_modules=gate.modules, group=group_id).job_id
+        for c, after, _ in checked
+    ]
+    group = groups.new_group(group_id, call.experiment, base, seeds, jobs)
+    groups.write_group(gate.jobs.store_dir, group)
+    return group
+
+
+def group_handle(gate: Gate, group_id: str, notes: str) -> models.JobHandle:
+    group = groups.read_group(gate.jobs.store_dir, group_id, seed_groups.LISTED)
+    brief = seed_groups.brief(gate, group)
+    return models.JobHandle(
+        job_id=group.group, kind="train", state=brief.state, experiment=group.experiment,
+        run_dir=shown(gate.root, group.run_dir), poll_after_s=2.0, group=brief,
+        next=f"{notes}Follow the group with {following.follow_call(group.group)}; when it ends, "
+        f"nitro_compare(group={group.group!r}) gives each metric's mean and spread.",
+    )  # fmt: skip
 
 
 def _submit_train(gate: Gate, call: TrainCall, after_running: bool) -> tuple[JobStatus, str]:
     """The checked call's job, and the sentence saying what it waits for (or nothing)."""
+    checked, after, behind = _checked_train(gate, call, after_running)
+    return gate.jobs.submit(checked, after=after, experiment_modules=gate.modules), behind
+
+
+def _checked_train(
+    gate: Gate, call: TrainCall, after_running: bool
+) -> tuple[TrainCall, str | None, str]:
+    """The call as checked (its paths resolved, its executor filled in), the job it queues
+    behind (or None), and the sentence saying so (or nothing)."""
     resume = flag_text(call.resume, "resume")
     restore_best = flag_text(call.restore_best, "restore_best")
     experiment, overrides, weights = call.experiment, call.overrides, call.weights
@@ -152,8 +220,7 @@ def _submit_train(gate: Gate, call: TrainCall, after_running: bool) -> tuple[Job
     else:
         _check_process_limit(call.nproc, call.device)
     after = busy.job_id if busy is not None else None
-    status = gate.jobs.submit(call, after=after, experiment_modules=gate.modules)
-    return status, f"It starts when job {busy.job_id} ends. " if busy is not None else ""
+    return call, after, f"It starts when job {busy.job_id} ends. " if busy is not None else ""
 
 
 def _with_executor(gate: Gate, call: TrainCall) -> TrainCall:

@@ -8,6 +8,7 @@ import anyio
 from mcp import Client
 
 from nitro_core import read_manifest
+from nitro_core.store.recordio import read_header
 from nitro_mcp.server import build_server
 from tests.nitro_mcp.conftest import call, wait_done
 
@@ -34,6 +35,10 @@ def test_a_budgeted_job_stops_with_budget_and_resume_auto_finishes_it(tmp_path):
     entries = read_manifest(tmp_path / "runs" / "Regression")
     budget = [e for e in entries if e.stop_reason == "budget"]
     assert len(budget) == 1 and budget[0].step == first["result"]["step"]
+    run_dir = tmp_path / "runs" / "Regression"
+    assert read_header(run_dir / budget[0].file)["budget"] == {"max_steps": 5, "time_limit": None}
+    last = read_header(run_dir / entries[-1].file)  # each record: the budget it was written under
+    assert last["budget"] == {"max_steps": None, "time_limit": 3600}
     assert second["state"] == "succeeded", second
     assert second["result"]["stop_reason"] == "completed"
     assert second["result"]["run_id"] == first["result"]["run_id"]  # the same run, continued

@@ -108,7 +108,7 @@ def test_the_tool_schema_the_job_spec_the_cli_and_nitro_take_the_call_models_fie
 
     schemas = anyio.run(listing)
     tool_only = {
-        "nitro_train": ["after_running", "request_id"],
+        "nitro_train": ["after_running", "request_id", "seeds"],
         "nitro_validate": ["wait_s"],
         "average": ["wait_s"],
     }

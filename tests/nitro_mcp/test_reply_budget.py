@@ -177,22 +177,30 @@ class _Once(BaseModel):
 
 
 def test_the_listing_writes_a_definition_in_place_only_when_one_place_names_it():
-    from nitro_mcp.replies import ListingSchema, OutputListingSchema
+    from nitro_mcp.replies import ListingSchema
 
     once = _Once.model_json_schema(schema_generator=ListingSchema)  # an argument: null by omission
     assert once == {"properties": {"leaf": {"properties": {"value": {"type": "integer"}},
                                             "required": ["value"], "type": "object"}},
                     "type": "object"}  # fmt: skip
-    once = _Once.model_json_schema(schema_generator=OutputListingSchema)  # a reply: null written
-    assert once == {"properties": {"leaf": {"properties": {"value": {"type": "integer"}},
-                                            "type": ["object", "null"]}}, "type": "object"}  # fmt: skip
-    shared = _Shared.model_json_schema(schema_generator=OutputListingSchema)
+    shared = _Shared.model_json_schema(schema_generator=ListingSchema)
     assert set(shared["$defs"]) == {"_Leaf", "_Shared"}  # named twice; itself
     assert shared["$ref"] == "#/$defs/_Shared"
     top = shared["$defs"]["_Shared"]["properties"]
-    assert top["first"] == {"$ref": "#/$defs/_Leaf"}
-    assert top["second"] == {"anyOf": [{"$ref": "#/$defs/_Leaf"}, {"type": "null"}]}
-    assert top["child"] == {"anyOf": [{"$ref": "#/$defs/_Shared"}, {"type": "null"}]}
+    assert top["first"] == top["second"] == {"$ref": "#/$defs/_Leaf"}  # null by omission
+    assert top["child"] == {"$ref": "#/$defs/_Shared"}
+
+
+def test_a_replys_listing_names_its_fields_and_a_nested_model_as_an_object():
+    from nitro_mcp.replies import OutputListingSchema
+
+    once = _Once.model_json_schema(schema_generator=OutputListingSchema)  # a reply: null written
+    assert once == {"properties": {"leaf": {"type": ["object", "null"]}}, "type": "object"}
+    shared = _Shared.model_json_schema(schema_generator=OutputListingSchema)
+    assert shared == {"properties": {"first": {"type": "object"},
+                                     "second": {"type": ["object", "null"]},
+                                     "child": {"type": ["object", "null"]}},
+                      "type": "object"}  # fmt: skip
     assert "required" not in json.dumps(shared)  # a reply holds every field
 
 
@@ -219,10 +227,13 @@ def test_the_listing_carries_every_output_schema_within_its_budget_and_schemas_s
         )
         assert _keys([tool.input_schema, tool.output_schema], "title") == 0, tool.name
     status = next(t for t in listed if t.name == "nitro_status")
-    # a nested model named in one place is written there (null among its types when optional)
-    progress = status.output_schema["properties"]["progress"]
-    assert progress["type"] == ["object", "null"]
-    assert progress["properties"]["loss"] == {"type": ["number", "null"]}
+    # a nested model is an object (null among its types when optional); its fields are in
+    # the complete schema (schemas/), as a list of models' are
+    assert status.output_schema["properties"]["progress"] == {"type": ["object", "null"]}
+    complete = next(t for t in full if t.name == "nitro_status").output_schema
+    assert complete["$defs"]["InEpochProgress"]["properties"]["loss"]["anyOf"] == [
+        {"type": "number"}, {"type": "null"},
+    ]  # fmt: skip
     # a list of models (a page's entries, kept checkpoints) is an array of objects in the
     # listing; its items' fields are in the complete schema (schemas/)
     assert status.output_schema["properties"]["kept"] == {

@@ -5,6 +5,7 @@ race; the id sent with another call is refused; a pruned job frees its id."""
 from __future__ import annotations
 
 import anyio
+import pytest
 from mcp import Client
 
 from nitro_mcp.server import build_server
@@ -88,6 +89,7 @@ def test_an_id_sent_with_another_call_is_refused_and_starts_nothing(tmp_path):
     assert _job_ids(tmp_path) == [first["job_id"]]
 
 
+@pytest.mark.slow  # a full job twice and a prune: the slow suite's
 def test_a_pruned_jobs_id_is_free_again(tmp_path):
     async def main():
         async with Client(build_server(tmp_path)) as client:

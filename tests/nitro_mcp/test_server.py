@@ -60,7 +60,7 @@ def test_every_tool_is_listed_with_input_and_output_schemas(tmp_path, mode):
     anyio.run(main)
 
 
-@pytest.mark.parametrize("mode", ["auto", "legacy"])
+@pytest.mark.parametrize("mode", ["auto", pytest.param("legacy", marks=pytest.mark.slow)])
 def test_train_status_validate_and_average_through_the_client(trained_root, mode):
     root, trained = trained_root
 
