@@ -14,13 +14,14 @@ split, so every record compared here was scored on it.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError
-from nitro_core.jobs.groups import Group, ended, finished, is_group_id, member_statuses
+from nitro_core.jobs.groups import MAX_SEEDS, Group, ended, finished, is_group_id, member_statuses
 from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import Manifest
@@ -29,7 +30,7 @@ from nitro_mcp.echo import clip
 from nitro_mcp.following import follow_call
 from nitro_mcp.gate import Gate
 from nitro_mcp.paths import shown
-from nitro_mcp.replies import REPLY_MAX
+from nitro_mcp.replies import REPLY_MAX, shrink
 
 SIDE_BY_SIDE = 4  # runs of each side shown in full beside the spread
 NOISE = 2.0  # below this many of the baseline's standard deviations: within noise
@@ -75,10 +76,11 @@ def compare(gate: Gate, group_id: str, baseline: str | None) -> models.CompareRe
         _check_comparable(group, base)
     ranked = group.runs[0].ranked[0]
     names = sorted(group.runs[0].metrics, key=lambda k: (k != ranked, k))
-    spreads = [_spread(name, group, base) for name in names[: catalog.SHOWN_METRICS]]
+    spreads = [_spread(name, group, base) for name in names]  # the verdict weighs every one
     comparison = models.GroupComparison(
         group=group.name, baseline=baseline, runs=[r.source for r in group.runs],
-        baseline_runs=[r.source for r in base.runs] if base else [], metrics=spreads,
+        baseline_runs=[r.source for r in base.runs] if base else [],
+        metrics=spreads[: catalog.SHOWN_METRICS], metrics_omitted=max(0, len(spreads) - catalog.SHOWN_METRICS),
         left_out=group.left_out + (base.left_out if base else []), note=_note(group, base, spreads),
     )  # fmt: skip
     shown_runs = group.runs[:SIDE_BY_SIDE] + (base.runs[:SIDE_BY_SIDE] if base else [])
@@ -88,10 +90,29 @@ def compare(gate: Gate, group_id: str, baseline: str | None) -> models.CompareRe
         "next": "runs shows the first runs of each side in full; nitro_history(run_dir=..., "
         "run=...) a run's curves; nitro_export writes a record's weights out.",
     })  # fmt: skip
-    while len(result.model_dump_json()) > REPLY_MAX - 500 and len(result.runs) > 1:
-        result.runs.pop()  # the spread stays whole; the runs shown in full go first
+    return _bounded(result)
+
+
+def _bounded(result: models.CompareResult) -> models.CompareResult:
+    """The reply within ``REPLY_MAX``: the runs shown in full go first, then the config
+    difference; then the lists of the spread are cut, saying how many were left out."""
+    while _size(result) > REPLY_MAX - 500 and result.runs:
+        result.runs.pop()
         result.config_diff = {k: v[: len(result.runs)] for k, v in result.config_diff.items()}
+    if _size(result) > REPLY_MAX - 500:
+        result.config_diff_omitted += len(result.config_diff)
+        result.config_diff = {}
+    spread = result.spread
+    assert spread is not None
+    budget = max(200, (REPLY_MAX - 500 - _size(result.model_copy(update={"spread": spread.model_copy(
+        update={"runs": [], "baseline_runs": [], "left_out": []})}))) // 3)  # fmt: skip
+    for name in ("runs", "baseline_runs", "left_out"):
+        setattr(spread, name, shrink(getattr(spread, name), budget))
     return result
+
+
+def _size(result: models.CompareResult) -> int:
+    return len(result.model_dump_json())
 
 
 def _group_side(gate: Gate, group_id: str, what: str) -> Side:
@@ -129,6 +150,12 @@ def _run_side(gate: Gate, baseline: str) -> Side:
         )
     manifests: dict[Path, Manifest] = {}
     directory, run_ids = catalog.run_source(gate.root, baseline, "baseline", manifests)
+    if len(run_ids) > MAX_SEEDS:
+        raise ConfigError(
+            f"baseline={clip(baseline)} names {len(run_ids)} runs; a baseline is one run, a "
+            f"group or up to {MAX_SEEDS} runs of one directory. Name a group id, or one run "
+            f"('{shown(gate.root, directory)}:<run id>')."
+        )
     where = shown(gate.root, directory)
     candidates: list[Candidate] = [
         (f"{where}:{run}", directory, run, manifests[directory]) for run in run_ids
@@ -220,9 +247,12 @@ def _differences(a: Scored, b: Scored) -> list[tuple[str, str, str]]:
     return out
 
 
-def _stats(values: list[float]) -> tuple[float, float | None, int]:
+def _stats(values: list[float]) -> tuple[float | None, float | None, int]:
+    """Mean, sample standard deviation and n of the finite values (a NaN or an infinity
+    is no sample of a metric's noise)."""
+    values = [v for v in values if math.isfinite(v)]
     std = statistics.stdev(values) if len(values) > 1 else None
-    return statistics.fmean(values), std, len(values)
+    return (statistics.fmean(values) if values else None), std, len(values)
 
 
 def _spread(name: str, group: Side, base: Side | None) -> models.MetricSpread:
@@ -231,11 +261,10 @@ def _spread(name: str, group: Side, base: Side | None) -> models.MetricSpread:
     if base is None:
         return spread
     b_mean, b_std, b_n = _stats([r.metrics[name] for r in base.runs])
-    difference = mean - b_mean
-    sigmas = None if not b_std else difference / b_std
-    within = (
-        None if b_std is None else (abs(sigmas) < NOISE if sigmas is not None else difference == 0)
-    )
+    difference = None if mean is None or b_mean is None else mean - b_mean
+    # no spread (one run, or runs that agree exactly): no noise floor to measure against
+    sigmas = None if difference is None or not b_std else difference / b_std
+    within = None if sigmas is None else abs(sigmas) < NOISE
     return spread.model_copy(update={
         "baseline_mean": b_mean, "baseline_std": b_std, "baseline_n": b_n,
         "difference": difference, "sigmas": sigmas, "within_noise": within,
@@ -253,6 +282,13 @@ def _note(group: Side, base: Side | None, spreads: list[models.MetricSpread]) ->
         return text + (
             " The baseline is one run, so it has no spread and no difference is called "
             "within noise or not: train it as a group, nitro_train(..., seeds=[0, 1, 2])."
+        )
+    flat = [s.metric for s in spreads if s.baseline_std == 0]
+    if flat:
+        text += (
+            f" The baseline's runs agree exactly on {', '.join(flat)} (std 0): no noise floor, "
+            "so no difference there is called within noise or not; check that its runs were "
+            "trained with different seeds."
         )
     ranked, mode = group.runs[0].ranked
 

@@ -320,9 +320,9 @@ class MetricSpread(_Model):
     """One metric over a group's runs, and against the baseline's."""
 
     metric: str
-    mean: float
+    mean: float | None = Field(description="Of the finite values; null when none is.")
     std: float | None = Field(description="Sample standard deviation (n - 1); null for n = 1.")
-    n: int
+    n: int = Field(description="Runs with a finite value.")
     baseline_mean: float | None = None
     baseline_std: float | None = None
     baseline_n: int | None = None
@@ -341,6 +341,9 @@ class GroupComparison(_Model):
     runs: list[str] = Field(description="The group's runs compared, '<run_dir>:<run id>'.")
     baseline_runs: list[str]
     metrics: list[MetricSpread]
+    metrics_omitted: int = Field(
+        default=0, description="Metrics past the first 8 (the ranked one first); note weighs all."
+    )
     left_out: list[str] = Field(description="Jobs without a record to compare, and why.")
     note: str
 

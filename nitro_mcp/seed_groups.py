@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from nitro_core.errors import ConfigError
+from nitro_core.errors import ConfigError, NitroError
 from nitro_core.jobs import JobStatus
 from nitro_core.jobs.files import TERMINAL
 from nitro_core.jobs.groups import (
@@ -31,6 +31,7 @@ from nitro_mcp.gate import POLL, Gate, Progress
 from nitro_mcp.paths import shown
 
 LISTED = "nitro_jobs lists groups and jobs (a group's job_id starts with 'group-')"
+LAST_VAL = 3  # metrics of each seed's last validation in a group's reply (16 seeds fit)
 
 
 def read(gate: Gate, group_id: str) -> Group:
@@ -43,11 +44,11 @@ def brief(
     """The group's state, its jobs per state, and each seed's job in a line."""
     statuses = member_statuses(group, gate.jobs.status) if statuses is None else statuses
     return models.GroupBrief(
-        group=group.group, state=group_state([s.state for s in statuses]), n=len(statuses),
+        group=group.group, state=group_state(statuses), n=len(statuses),
         counts=counts(statuses),
         jobs=[
             models.GroupJob(job_id=s.job_id, seed=seed, state=s.state, run_dir=shown(gate.root, s.run_dir),
-                            epoch=s.epoch, last_val=s.last_val)
+                            epoch=s.epoch, last_val=dict(list(s.last_val.items())[:LAST_VAL]))
             for seed, s in zip(group.seeds, statuses, strict=True)
         ],
     )  # fmt: skip
@@ -86,59 +87,61 @@ async def status(
 
 
 def listed(gate: Gate, rows: Sequence[IndexRow]) -> list[models.JobSummary]:
-    """A page of ``nitro_jobs``: each job in a line, a group's jobs in one line of its own."""
+    """A page of ``nitro_jobs``: each job in a line, each seed group in one line (the
+    listing collapsed it to one row), with its jobs per state."""
     out: list[models.JobSummary] = []
-    seen: set[str] = set()
     for row in rows:
-        if row.group is None:
-            out.append(models.JobSummary(
-                job_id=row.job_id, kind=row.kind, state=row.state, experiment=row.experiment,
-                run_dir=shown(gate.root, row.run_dir), epoch=row.epoch, created=row.created,
-            ))  # fmt: skip
-            continue
-        if row.group in seen:
-            continue
-        seen.add(row.group)
-        try:
-            group = read(gate, row.group)
-        except Exception:  # its file is gone or unreadable: the job is listed on its own
-            out.append(models.JobSummary(
-                job_id=row.job_id, kind=row.kind, state=row.state, experiment=row.experiment,
-                run_dir=shown(gate.root, row.run_dir), epoch=row.epoch, created=row.created,
-                group=row.group,
-            ))  # fmt: skip
-            continue
-        statuses = member_statuses(group, gate.jobs.status)
-        out.append(models.JobSummary(
-            job_id=group.group, kind="train", state=group_state([s.state for s in statuses]),
-            experiment=group.experiment, run_dir=shown(gate.root, group.run_dir),
-            epoch=min(s.epoch for s in statuses), created=group.created, group=group.group,
-            counts=counts(statuses),
-        ))  # fmt: skip
+        summary = models.JobSummary(
+            job_id=row.job_id, kind=row.kind, state=row.state, experiment=row.experiment,
+            run_dir=shown(gate.root, row.run_dir), epoch=row.epoch, created=row.created,
+            group=row.group,
+        )  # fmt: skip
+        if row.group is not None:
+            try:
+                group = read(gate, row.group)
+                summary.counts = counts(member_statuses(group, gate.jobs.status))
+            except NitroError:  # its file is gone or not one Nitro wrote: the row as indexed
+                pass
+        out.append(summary)
     return out
 
 
 def stop(gate: Gate, group_id: str, force: bool) -> models.StopResult:
-    """Stop each of the group's jobs that is still queued or running (``force``: kill)."""
+    """Stop each of the group's jobs that is still queued or running (``force``: kill), the
+    queued ones first (a running one's end would start them)."""
     group = read(gate, group_id)
-    live = [s.job_id for s in member_statuses(group, gate.jobs.status) if s.state not in TERMINAL]
+    statuses = member_statuses(group, gate.jobs.status)
+    live = [s for s in statuses if s.state not in TERMINAL and _of_group(gate, s, group_id)]
     if not live:
         raise ConfigError(
             f"Group {group_id} already ended; there is nothing to stop. "
             f"nitro_status(job_id={group_id!r}) shows how each seed ended."
         )
-    for job_id in live:
+    for status in sorted(live, key=lambda s: s.state != "queued"):
         try:
-            gate.jobs.stop(job_id, force)
+            gate.jobs.stop(status.job_id, force)
         except ConfigError:  # it ended meanwhile
             pass
     statuses = member_statuses(group, gate.jobs.status)
     how = "Killed" if force else "Asked to stop at their next checkpoint"
+    seeds = dict(zip(group.jobs, group.seeds, strict=True))
+    resume = ", ".join(
+        f"seed {seeds[s.job_id]}: run_dir={shown(gate.root, s.run_dir)!r}" for s in live
+    )
     return models.StopResult(
-        job_id=group_id, state=group_state([s.state for s in statuses]), phase=None,
-        next=f"{how}: {', '.join(live)}. resume='auto' with the same seeds continues each seed's "
-        f"run; {following.follow_call(group_id)} shows them end.",
+        job_id=group_id, state=group_state(statuses), phase=None,
+        next=f"{how}: {', '.join(s.job_id for s in live)}. Each seed's run continues with "
+        f"nitro_train(..., run_dir=<its directory>, seed=<its seed>, resume='auto') ({resume}); "
+        f"{following.follow_call(group_id)} shows them end.",
     )  # fmt: skip
+
+
+def _of_group(gate: Gate, status: JobStatus, group_id: str) -> bool:
+    """Whether the job's own spec names the group (a group file names no other job)."""
+    try:
+        return gate.jobs.spec(status.job_id).group == group_id
+    except NitroError:
+        return False
 
 
 def _seen(statuses: Sequence[JobStatus]) -> tuple[object, ...]:

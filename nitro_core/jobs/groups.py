@@ -1,11 +1,13 @@
 """Seed groups: one training call run once per seed, followed and compared as one item.
 
-A group is a file ``<root>/.nitro/groups/<group id>.json`` naming its jobs in seed order
-(each job's spec names its group too). Its state is its jobs' states taken together
-(:func:`group_state`): queued while every job waits, running while any is live, and once all
-have ended ``succeeded`` only when every one did (else the worst end: ``failed`` before
-``lost`` before ``stopped``). Each seed trains its own run directory, ``<run_dir>/seed-<s>``,
-so the seeds of a group run side by side within the job limit and resume one by one.
+A group is a file ``<root>/.nitro/groups/<group id>.json`` naming its jobs in seed order,
+written before the first job is created (the job ids are chosen first), so a group whose
+start failed half way still names every job it started; each job's spec names its group
+too. Its state is its jobs' states taken together (:func:`group_state`): queued while every
+job waits, running while any is live, and once all have ended ``succeeded`` when every one
+trained to its end (:func:`finished`: succeeded, or stopped by its budget), else the worst
+end: ``failed`` before ``lost`` before ``stopped``. Each seed trains its own run directory,
+``<run_dir>/seed-<s>``, so the seeds of a group run side by side within the job limit.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nitro_core.errors import CheckpointNotFound, ConfigError, UnsafePath
 from nitro_core.jobs.files import TERMINAL, JobState, JobStatus, read_model, real_dir, write_json
@@ -25,7 +27,8 @@ from nitro_core.store.manifest import now_iso
 
 GROUPS = "groups"  # under the job store
 PREFIX = "group-"
-GROUP_ID = re.compile(r"^group-\d{8}-\d{6}-[0-9a-f]{6}$")
+GROUP_ID = re.compile(r"group-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")  # matched whole (fullmatch)
+JOB_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
 MAX_SEEDS = 16
 SEEDS_EXAMPLE = "e.g. seeds=[0, 1, 2]"
 _ENDS: tuple[JobState, ...] = (
@@ -48,9 +51,22 @@ class Group(BaseModel):
     run_dirs: list[str]
     created: str
 
+    @model_validator(mode="after")
+    def _whole(self) -> Group:
+        """A file that is not a group Nitro wrote is refused, never half read."""
+        if not is_group_id(self.group):
+            raise ValueError(f"{self.group!r} is not a group id")
+        if not 2 <= len(self.seeds) <= MAX_SEEDS or not (
+            len(self.seeds) == len(self.jobs) == len(self.run_dirs)
+        ):
+            raise ValueError("seeds, jobs and run_dirs must be 2 to 16 entries each, alike")
+        if not all(JOB_ID.fullmatch(j) for j in self.jobs) or len(set(self.jobs)) != len(self.jobs):
+            raise ValueError("jobs must be distinct job ids")
+        return self
+
 
 def is_group_id(text: object) -> bool:
-    return isinstance(text, str) and bool(GROUP_ID.match(text))
+    return isinstance(text, str) and GROUP_ID.fullmatch(text) is not None
 
 
 def new_group_id() -> str:
@@ -103,18 +119,27 @@ def read_group(store_dir: Path, group_id: str, listed: str) -> Group:
     directory = store_dir / GROUPS
     try:
         real_dir(directory)
-        return read_model(directory, f"{group_id}.json", Group)
+        group = read_model(directory, f"{group_id}.json", Group)
     except UnsafePath:
         raise
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        why = "it was never started here, or its file is gone"
+        if not isinstance(exc, OSError):
+            why = "its file is not a group Nitro wrote"
         raise CheckpointNotFound(
-            f"No group {group_id!r} under {str(directory)!r} (never started here, or its file is "
-            f"gone); {listed}."
+            f"No group {group_id!r} under {str(directory)!r} ({why}); {listed}."
         ) from None
+    if group.group != group_id:
+        raise CheckpointNotFound(
+            f"No group {group_id!r} under {str(directory)!r} (its file names another group, "
+            f"{group.group!r}); {listed}."
+        )
+    return group
 
 
-def group_state(states: Sequence[JobState]) -> JobState:
-    """The state of a group whose jobs are in ``states``."""
+def group_state(statuses: Sequence[JobStatus]) -> JobState:
+    """The state of a group whose jobs' statuses are ``statuses``."""
+    states = [s.state for s in statuses]
     if any(s == "running" for s in states) or (
         any(s == "queued" for s in states) and any(s != "queued" for s in states)
     ):
@@ -122,7 +147,7 @@ def group_state(states: Sequence[JobState]) -> JobState:
     if all(s == "queued" for s in states):
         return "queued"
     for end in _ENDS:
-        if end in states:
+        if any(s.state == end and not finished(s) for s in statuses):
             return end
     return "succeeded"
 
@@ -150,20 +175,29 @@ def finished(status: JobStatus) -> bool:
 
 
 def member_statuses(group: Group, status: Callable[[str], JobStatus]) -> list[JobStatus]:
-    """Each job's status, in seed order (a job removed since reads as lost)."""
+    """Each job's status, in seed order: a job that is not there (pruned since, or never
+    created when the group's start failed) reads as lost, and so does a job of another
+    group (a file naming jobs it did not start)."""
     out = []
     for job_id, run_dir in zip(group.jobs, group.run_dirs, strict=True):
+        why = "its job directory is not there (pruned, or the group's start failed before it)"
         try:
-            out.append(status(job_id))
-        except CheckpointNotFound:  # pruned from the job store
-            out.append(JobStatus(job_id=job_id, kind="train", state="lost", run_dir=run_dir,
-                                 created=group.created, error="its job directory was removed"))  # fmt: skip
+            found = status(job_id)
+        except CheckpointNotFound:
+            found = None
+        if found is not None and found.run_dir != run_dir:
+            found, why = None, "the job under its id trains another run directory"
+        out.append(found if found is not None else JobStatus(
+            job_id=job_id, kind="train", state="lost", run_dir=run_dir, created=group.created,
+            error=why,
+        ))  # fmt: skip
     return out
 
 
 def new_group(
     group_id: str, experiment: str, run_dir: Path, seeds: list[int], jobs: list[str]
 ) -> Group:
+    """The group of ``seeds`` training under ``run_dir``, its jobs' ids chosen already."""
     return Group(
         group=group_id, experiment=experiment, run_dir=str(run_dir), seeds=seeds, jobs=jobs,
         run_dirs=[str(seed_dir(run_dir, s)) for s in seeds], created=now_iso(),

@@ -26,6 +26,7 @@ from nitro_core.jobs.files import (
     read_status,
     real_dir,
 )
+from nitro_core.jobs.groups import group_state
 from nitro_core.jobs.index import IndexRow, JobIndex
 
 
@@ -84,9 +85,41 @@ class JobListing:
             IndexRow.of(s, rows[s.job_id].experiment, rows[s.job_id].group)
             for s in self.current(rows)
         ]  # a live job whose files cannot be read now is left out, as a full scan would
-        listed = [r for r in current if state is None or r.state == state]
+        listed = [r for r in self._collapsed(current) if state is None or r.state == state]
         listed.sort(key=lambda r: (r.created, r.job_id), reverse=True)
         return listed[start : start + limit], start + limit < len(listed)
+
+    def _collapsed(self, rows: list[IndexRow]) -> list[IndexRow]:
+        """``rows`` with the jobs of each seed group as one row: the group's id, its state
+        (:func:`~nitro_core.jobs.groups.group_state`), its directory, its lowest epoch and
+        its first job's creation; so a page counts a group once, and a state filter sees the
+        group's state."""
+        out: list[IndexRow] = []
+        members: dict[str, list[IndexRow]] = {}
+        for row in rows:
+            if row.group is None:
+                out.append(row)
+            else:
+                members.setdefault(row.group, []).append(row)
+        for group_id, group_rows in members.items():
+            statuses = [self._as_status(r) for r in group_rows]
+            first = min(group_rows, key=lambda r: (r.created, r.job_id))
+            out.append(IndexRow(
+                job_id=group_id, kind="train", state=group_state(statuses),
+                experiment=first.experiment, run_dir=str(Path(first.run_dir).parent),
+                epoch=min(r.epoch for r in group_rows), created=first.created, group=group_id,
+            ))  # fmt: skip
+        return out
+
+    def _as_status(self, row: IndexRow) -> JobStatus:
+        """A row's job status: its file for a stopped job (whether it stopped at its budget),
+        else what the row says."""
+        if row.state == "stopped":
+            status = _entry(job_dir(self.root, row.job_id))
+            if status is not None:
+                return status
+        return JobStatus(job_id=row.job_id, kind=row.kind, state=row.state,
+                         run_dir=row.run_dir, created=row.created)  # fmt: skip
 
     def live(self) -> list[JobStatus]:
         """The queued and running jobs' statuses, newest first: from the index, with only

@@ -44,6 +44,11 @@ from nitro_core.jobs.local import LocalExecutor, startable
 from nitro_core.store.manifest import now_iso
 
 
+def new_job_id() -> str:
+    """A new job's id: the time it was made and 6 random hex digits."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
 class JobManager:
     """Jobs under ``<root>/.nitro/jobs``. Trainings and evaluations (validate, average)
     queue separately: an evaluation never waits behind ``max_jobs`` trainings."""
@@ -68,11 +73,13 @@ class JobManager:
         after: str | None = None,
         experiment_modules: Sequence[str] = (),
         group: str | None = None,
+        job_id: str | None = None,
     ) -> JobStatus:
         """Create a job running ``call`` (validated already) and start it when a slot is
         free; ``after``: a job it waits for; ``experiment_modules``: what its worker imports;
-        ``group``: the seed group it is one job of."""
-        job_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        ``group``: the seed group it is one job of; ``job_id``: one :func:`new_job_id` gave
+        (a group names its jobs before they exist)."""
+        job_id = new_job_id() if job_id is None else job_id
         directory = job_dir(self.root, job_id)
         for d in (self.store_dir, self.jobs_dir):
             real_dir(d)  # a link is refused before anything is created through it

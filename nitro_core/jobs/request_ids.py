@@ -18,14 +18,15 @@ import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from nitro_core.errors import CheckpointNotFound, ConfigError
-from nitro_core.jobs.files import JobStatus, locked, read_model, real_dir, write_json
+from nitro_core.jobs.files import locked, read_model, real_dir, write_json
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 REQUESTS = "requests"  # under the store (.nitro): one file per request id
 REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
@@ -37,10 +38,10 @@ REQUEST_ID_REFUSAL = (
 
 
 class RequestClaim(BaseModel):
-    """What a request id started: its job and a digest of the call as sent."""
+    """What a request id started: its job (or seed group) and a digest of the call as sent."""
 
     request_id: str
-    job_id: str
+    job_id: str  # a job's id, or a seed group's (group-...)
     call: str
 
 
@@ -54,12 +55,14 @@ def once(
     store_dir: Path,
     request_id: str,
     digest: str,
-    job_status: Callable[[str], JobStatus],
-    start: Callable[[], JobStatus],
-) -> tuple[JobStatus, bool]:
-    """The job ``request_id`` started (``True``: a duplicate), else ``start()``'s, recorded
-    for the id. ``digest``: the call's (:func:`call_digest`); ``job_status``: a job's status
-    by id, :class:`CheckpointNotFound` when it is gone."""
+    find: Callable[[str], T],
+    start: Callable[[], T],
+    id_of: Callable[[T], str] = lambda status: status.job_id,  # type: ignore[attr-defined]
+) -> tuple[T, bool]:
+    """What ``request_id`` started (``True``: a duplicate), else what ``start()`` starts,
+    recorded for the id. ``digest``: the call's (:func:`call_digest`); ``find``: what was
+    started, by its id (a job's status; a seed group), :class:`CheckpointNotFound` when it
+    is gone; ``id_of``: the id of what ``start`` returns."""
     if not isinstance(request_id, str) or not REQUEST_ID.fullmatch(request_id):
         raise ConfigError(REQUEST_ID_REFUSAL.format(value=json.dumps(request_id)[:140]))
     directory = store_dir / REQUESTS
@@ -76,13 +79,13 @@ def once(
                     "call with a new request_id, or resend that call unchanged to get its job."
                 )
             try:
-                return job_status(claim.job_id), True
+                return find(claim.job_id), True
             except CheckpointNotFound:
                 pass  # its job was pruned from the store: the id is free again
-        status = start()
-        claim = RequestClaim(request_id=request_id, job_id=status.job_id, call=digest)
+        started = start()
+        claim = RequestClaim(request_id=request_id, job_id=id_of(started), call=digest)
         write_json(directory / name, claim)
-        return status, False
+        return started, False
 
 
 def _claim(directory: Path, name: str) -> RequestClaim | None:

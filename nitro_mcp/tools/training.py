@@ -9,16 +9,18 @@ job's result.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context
 from pydantic import Field, StrictBool
 
-from nitro_core.errors import ConfigError
+from nitro_core.errors import ConfigError, NitroError
 from nitro_core.jobs import JobStatus, groups, request_ids, slurm
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
 from nitro_core.jobs.calls import arguments, train_arguments
+from nitro_core.jobs.manager import new_job_id
 from nitro_core.jobs.ranks import process_limit
 from nitro_core.sources.grammar import Average, Pair, to_source
 from nitro_core.sources.selection import check_keep_holds
@@ -92,11 +94,25 @@ def train(
     notes: list[str] = []
     if seeds is not None:
         seeds = groups.check_seeds(seeds)
+        request = request_ids.call_digest(
+            {**call.model_dump(mode="json"), "after_running": after_running, "seeds": seeds}
+        )
+        if request_id is None:
+            group, duplicate = _start_group(gate, call, seeds, after_running), False
+        else:  # the claim names the group: a retry finds it while any of its files stand
+            group, duplicate = request_ids.once(
+                gate.jobs.store_dir, request_id, request,
+                lambda group_id: seed_groups.read(gate, group_id),
+                lambda: _start_group(gate, call, seeds, after_running),
+                id_of=lambda g: g.group,
+            )  # fmt: skip
+        note = (
+            f"An earlier call with request_id={request_id!r} started this group; this one "
+            "started nothing. " if duplicate else ""
+        )  # fmt: skip
+        return group_handle(gate, group, note).model_copy(update={"duplicate": duplicate})
 
     def start() -> JobStatus:
-        if seeds is not None:
-            group = _start_group(gate, call, seeds, after_running)
-            return gate.jobs.status(group.jobs[0])
         status, behind = _submit_train(gate, call, after_running)
         notes.append(behind)
         return status
@@ -106,56 +122,73 @@ def train(
     else:
         digest = request_ids.call_digest(
             {**call.model_dump(mode="json"), "after_running": after_running}
-            | ({"seeds": seeds} if seeds is not None else {})
         )
         status, duplicate = request_ids.once(
             gate.jobs.store_dir, request_id, digest, gate.jobs.status, start
         )
     if duplicate:
         notes.append(
-            f"An earlier call with request_id={request_id!r} started this "
-            f"{'group' if seeds is not None else 'job'}; this one started nothing. "
+            f"An earlier call with request_id={request_id!r} started this job; this one "
+            "started nothing. "
         )
-    if seeds is not None:
-        group_id = gate.jobs.spec(status.job_id).group
-        assert group_id is not None  # its first job names it
-        handle = group_handle(gate, group_id, "".join(notes))
-    else:
-        handle = gate.handle(status, call.experiment, 2.0,
-                             f"{''.join(notes)}Follow it with {following.follow_call(status.job_id)}.")  # fmt: skip
+    handle = gate.handle(status, call.experiment, 2.0,
+                         f"{''.join(notes)}Follow it with {following.follow_call(status.job_id)}.")  # fmt: skip
     return handle.model_copy(update={"duplicate": duplicate})
 
 
 def _start_group(
     gate: Gate, call: TrainCall, seeds: list[int], after_running: bool
 ) -> groups.Group:
-    """One job per seed, each training ``<run_dir>/seed-<s>``, every call checked before the
-    first job is submitted; the group's file names them."""
+    """One job per seed, each training ``<run_dir>/seed-<s>``. Every seed's call is checked
+    before anything is written; the group's file, naming every job, before the first job;
+    a job that cannot be submitted stops those submitted before it."""
     if call.seed is not None:
         raise ConfigError(
             f"seed={clip(call.seed)} and seeds={clip(seeds)} both name seeds; send seeds=[...] "
             "for a group (one run per seed) or seed= for one run, not both."
         )
+    resume = flag_text(call.resume, "resume")
+    if resume not in ("false", "auto"):
+        raise ConfigError(
+            f"seeds={clip(seeds)} with resume={clip(resume)} would resume one record under every "
+            "seed (a resume keeps its record's seed), so the group would have no spread. Send "
+            f"weights={clip(resume)} to start each seed from that record, or resume='auto' to "
+            "continue a group's own runs."
+        )
     for seed in seeds:
         _check_seed(seed)
     base = gate.run_dir(call.run_dir, call.experiment)
-    checked = [
-        _checked_train(gate, call.model_copy(update={
-            "seed": seed, "run_dir": shown(gate.root, groups.seed_dir(base, seed))}), after_running)
-        for seed in seeds
-    ]  # fmt: skip
-    group_id = groups.new_group_id()
-    jobs = [
-        gate.jobs.submit(c, after=after, experiment_modules=gate.modules, group=group_id).job_id
-        for c, after, _ in checked
-    ]
-    group = groups.new_group(group_id, call.experiment, base, seeds, jobs)
+    checked = []
+    for seed in seeds:
+        where = shown(gate.root, groups.seed_dir(base, seed))
+        try:
+            checked.append(_checked_train(gate, call.model_copy(
+                update={"seed": seed, "run_dir": where}), after_running))  # fmt: skip
+        except NitroError as exc:
+            raise type(exc)(
+                f"seeds={clip(seeds)}: seed {seed}'s run ({where}) cannot start, so no seed "
+                "started: ",
+                *exc.parts,
+            ) from None
+    group = groups.new_group(
+        groups.new_group_id(), call.experiment, base, seeds, [new_job_id() for _ in seeds]
+    )
     groups.write_group(gate.jobs.store_dir, group)
+    submitted: list[str] = []
+    try:
+        for job_id, (checked_call, after, _) in zip(group.jobs, checked, strict=True):
+            gate.jobs.submit(checked_call, after=after, experiment_modules=gate.modules,
+                             group=group.group, job_id=job_id)  # fmt: skip
+            submitted.append(job_id)
+    except BaseException:
+        for job_id in reversed(submitted):  # no half group trains on
+            with contextlib.suppress(NitroError):
+                gate.jobs.stop(job_id, force=True)
+        raise
     return group
 
 
-def group_handle(gate: Gate, group_id: str, notes: str) -> models.JobHandle:
-    group = groups.read_group(gate.jobs.store_dir, group_id, seed_groups.LISTED)
+def group_handle(gate: Gate, group: groups.Group, notes: str) -> models.JobHandle:
     brief = seed_groups.brief(gate, group)
     return models.JobHandle(
         job_id=group.group, kind="train", state=brief.state, experiment=group.experiment,
