@@ -9,14 +9,16 @@ checked at setup by :func:`check_required_hooks`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any, Literal, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar
 
-import torch
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, field_validator
 
 from nitro_core.errors import ConfigError, FieldFix, MissingHookError, Part
 from nitro_core.policy.selectors import Best, Checkpointer, Last
 from nitro_core.store.metrics_log import JSONLLogger
+
+if TYPE_CHECKING:  # the hooks' types; torch loads when a hook runs (a server lists without it)
+    import torch
 
 
 class _HostMark:
@@ -99,6 +101,8 @@ class Experiment(BaseModel):
     # -- optional hooks ---------------------------------------------------------------
     def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
         """Default: ``AdamW(lr=self.lr)`` when the experiment has an ``lr`` field, else 1e-3."""
+        import torch  # lazy: an experiment's config is read without torch
+
         return torch.optim.AdamW(model.parameters(), lr=float(getattr(self, "lr", 1e-3)))
 
     def metrics(self, model: torch.nn.Module, batch: Any) -> dict[str, tuple[Any, Any]]:

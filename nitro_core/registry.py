@@ -35,7 +35,6 @@ from types import ModuleType
 from typing import Any
 
 from nitro_core.errors import ConfigError
-from nitro_core.examples import EXAMPLES
 from nitro_core.experiment import Experiment
 
 ENTRY_POINT_GROUP = "nitro.experiments"
@@ -89,6 +88,8 @@ class Registry(dict[str, type[Experiment]]):
 def builtin_experiments() -> tuple[dict[str, type[Experiment]], list[ModuleLoad]]:
     """The examples and the entry points' classes; an entry point that fails to load is
     recorded like a broken module."""
+    from nitro_core.examples import EXAMPLES  # lazy: the examples import torch
+
     found: dict[str, type[Experiment]] = dict(EXAMPLES)
     failed = []
     for ep in entry_points(group=ENTRY_POINT_GROUP):

@@ -28,9 +28,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, UnsafePath
-from nitro_core.store import manifest, shards
-from nitro_core.store import recordio as store
+from nitro_core.store import manifest
+from nitro_core.store.manifest_file import MANIFEST_NAME
+from nitro_core.store.reader import RecordFile
 from nitro_core.store.safeio import link_refusal
+from nitro_core.store.shard_header import HEADER_NAME, SHARD_NAME
 
 _SUFFIX = ".safetensors"
 _PARTIAL = re.compile(r"\.tmp$|\.stale\d*$")  # an interrupted write's leftovers: no record
@@ -148,15 +150,15 @@ def _real_dir(path: Path) -> bool:
 
 
 def _has_manifest(directory: Path) -> bool:
-    return os.path.lexists(directory / store.MANIFEST_NAME)
+    return os.path.lexists(directory / MANIFEST_NAME)
 
 
 def _is_record_dir(path: Path) -> bool:
     """A record directory (several processes wrote it): ``header.json``, or shard files
     and no manifest (a record whose header was lost)."""
-    if os.path.lexists(path / shards.HEADER_NAME):
+    if os.path.lexists(path / HEADER_NAME):
         return True
-    return not _has_manifest(path) and any(shards.SHARD_NAME.match(name) for name in _names(path))
+    return not _has_manifest(path) and any(SHARD_NAME.match(name) for name in _names(path))
 
 
 def _check(path: Path, name: str, entry: manifest.ManifestEntry | None) -> Checked:
@@ -184,7 +186,7 @@ def _check(path: Path, name: str, entry: manifest.ManifestEntry | None) -> Check
         )
     sections: list[str] = []
     try:
-        with store.RecordFile(path, entry.expected if entry is not None else None) as record:
+        with RecordFile(path, entry.expected if entry is not None else None) as record:
             sections = record.section_names()
             record.verify()
     except (CheckpointCorrupt, UnsafePath) as exc:
@@ -195,6 +197,8 @@ def _check(path: Path, name: str, entry: manifest.ManifestEntry | None) -> Check
 def _check_dir(path: Path, name: str, entry: manifest.ManifestEntry | None) -> Checked:
     """A record directory: ``header.json`` against the manifest (or its own digest), the
     shard files it lists, each shard's bytes; then its size against the manifest."""
+    from nitro_core.store import shards  # lazy: the shard reader imports torch
+
     listed = entry is not None
     size = _dir_bytes(path)
     try:

@@ -16,23 +16,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nitro_core.errors import ConfigError, NitroError, ResumeRefused
 from nitro_core.experiment import Experiment, config_of, host_fields
 from nitro_core.jobs import JobManager, JobStatus
 from nitro_core.jobs.calls import nothing_to_train, train_arguments
 from nitro_core.sources.grammar import Source
-from nitro_core.training.from_record import (
-    RecordConfig,
-    build_from_config,
-    declared_default,
-    record_config,
-)
-from nitro_core.training.resume import ResumePoint
 from nitro_mcp.record_fit import model_shapes, record_shapes, registered_name
 from nitro_mcp.refusals import for_tool
 from nitro_mcp.tool_calls import tool_call, value
+
+if TYPE_CHECKING:
+    from nitro_core.training.resume import ResumePoint
 
 E = TypeVar("E", bound=Experiment)
 WARNINGS_MAX = 8  # warnings in one reply, each at most WARNING_CHARS characters
@@ -45,12 +41,14 @@ def from_record(
     """``cls`` built from the config of the record ``source`` names (an ``Average``: its
     state record), with ``overrides`` on top; the warnings naming each difference; and the
     record's path."""
+    from nitro_core.training import from_record as fr  # lazy: record reads import torch
+
     try:
-        recorded = record_config(source, run_dir)
+        recorded = fr.record_config(source, run_dir)
     except NitroError:  # no such record: an override the class refuses anyway is said first
         _check_alone(cls, overrides or {})
         raise
-    exp, notes = build_from_config(cls, recorded, overrides or {})
+    exp, notes = fr.build_from_config(cls, recorded, overrides or {})
     return exp, notes, recorded.path
 
 
@@ -75,6 +73,8 @@ def resume_experiment(
     fields only. ``args`` are the call's ``nitro_train`` arguments, for the refusals; a run
     another experiment wrote is refused first (naming it, from ``registry``), then, with
     ``check_epochs``, a resume with nothing left to train."""
+    from nitro_core.training import from_record as fr  # lazy: record reads import torch
+
     written = point.meta.get("experiment")
     if isinstance(written, str) and written.rsplit(".", 1)[-1] != cls.__name__:
         run = point.meta.get("run", "?")
@@ -91,9 +91,9 @@ def resume_experiment(
             f"that wrote it: {fix}."
         )
     recorded = point.meta.get("config") or {}
-    exp, _ = build_from_config(
+    exp, _ = fr.build_from_config(
         cls,
-        RecordConfig(point.path, point.meta.get("experiment"), dict(recorded)),
+        fr.RecordConfig(point.path, point.meta.get("experiment"), dict(recorded)),
         overrides or {},
     )
     if check_epochs:
@@ -102,7 +102,7 @@ def resume_experiment(
     built = config_of(exp)
     plain = {
         k: v for k, v in (overrides or {}).items()
-        if k not in host and built[k] != (recorded[k] if k in recorded else declared_default(cls, k))
+        if k not in host and built[k] != (recorded[k] if k in recorded else fr.declared_default(cls, k))
     }  # fmt: skip
     dropped = sorted(set(recorded) - set(cls.model_fields))
     if not plain and not dropped:
@@ -208,6 +208,8 @@ def average_experiment(
 ) -> str:
     """The experiment an average is validated in: the one named, else the one its state
     record was written by, when that is registered."""
+    from nitro_core.training.from_record import record_config  # lazy: record reads import torch
+
     if experiment is not None:
         return experiment
     written = record_config(source, where).experiment

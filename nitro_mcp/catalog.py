@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError
-from nitro_core.export import export_weights
 from nitro_core.sources.grammar import PathSource, Source, to_source
 from nitro_core.store import manifest, metrics_log
-from nitro_core.store import recordio as store
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point
+from nitro_core.store.manifest_file import MANIFEST_NAME
+from nitro_core.store.record_header import read_header
 from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
@@ -52,7 +52,7 @@ EXAMPLE_SOURCES = "e.g. sources=['runs/a', 'runs/b:a1b2c3d4']"
 def holds_manifest(directory: Path) -> bool:
     """Whether ``directory`` holds a ``manifest.json`` that is a file (a link is not one)."""
     try:
-        return stat.S_ISREG(os.lstat(directory / store.MANIFEST_NAME).st_mode)
+        return stat.S_ISREG(os.lstat(directory / MANIFEST_NAME).st_mode)
     except OSError:
         return False
 
@@ -77,7 +77,7 @@ def find_run_dirs(base: Path) -> Walk:
                     scanned += 1
                     if scanned > MAX_SCANNED:
                         return Walk(sorted(found), complete=False)
-                    if entry.name == store.MANIFEST_NAME:
+                    if entry.name == MANIFEST_NAME:
                         has_manifest = entry.is_file(follow_symlinks=False)
                     elif entry.name == "pyvenv.cfg":
                         venv = True
@@ -194,7 +194,7 @@ def latest_header(directory: Path, entries: Sequence[ManifestEntry]) -> dict[str
     if not entries:
         return {}
     try:
-        return store.read_header(directory / entries[-1].file)
+        return read_header(directory / entries[-1].file)
     except (NitroError, OSError):
         return {}
 
@@ -492,8 +492,10 @@ def export(
             )
     if hf is not None:
         return _export_hf(root, src, target, where, hf)
+    from nitro_core.export import export_weights  # lazy: it imports torch
+
     written = export_weights(src, target, run_dir=where)
-    meta = store.read_header(written)
+    meta = read_header(written)
     averaged = meta.get("averaged_from") or {}
     return models.ExportResult(
         path=shown(root, written), bytes=written.stat().st_size,

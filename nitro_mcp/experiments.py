@@ -61,14 +61,14 @@ class ExperimentModules:
         self.modules = tuple(dict.fromkeys(modules))  # each module once, in the given order
         self.import_timeout_s = import_timeout_s
         self._hung: dict[str, threading.Thread] = {}  # imports still running past the limit
-        self._base, self._failed_base = builtin_experiments()
+        self._base: dict[str, type[Experiment]] | None = None  # loaded at the first use
+        self._failed_base: list[ModuleLoad] = []
         self._lock = threading.Lock()
         self._loads: dict[str, ModuleLoad] = {}
         self._stamps: dict[str, Stamp | None] = {}
         self._tried: dict[str, float] = {}
         self._remembered: dict[str, str] = {}  # experiment name -> the module that gave it
-        self._registry: Registry | None = None
-        self.registry()
+        self._registry: Registry | None = None  # the first use imports (a server lists first)
 
     def for_jobs(self) -> list[str]:
         """The modules as a job's spec names them: a file by its absolute path (a worker
@@ -82,6 +82,8 @@ class ExperimentModules:
         """The current registry: the same object until a module is imported again."""
         with self._lock:
             changed = False
+            if self._base is None:  # the examples and entry points: torch loads here
+                self._base, self._failed_base = builtin_experiments()
             for module in self.modules:
                 stamp = source_stamp(module, self.root)
                 load = self._loads.get(module)

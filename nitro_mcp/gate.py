@@ -57,7 +57,7 @@ class Gate:
             self.root, tuple(experiment_modules), import_timeout_s
         )
         self.modules = self._experiments.for_jobs()  # what a worker imports, the same way
-        self._registry = self._experiments.registry()
+        self._registry: Registry | None = None  # imported at the first call that needs it
         self.jobs = JobManager(self.root, max_jobs=max_jobs, max_eval_jobs=max_eval_jobs)
         self._splits: dict[str, list[str] | None] = {}
         self.executor = executor  # a call's default executor (nitro serve --executor)

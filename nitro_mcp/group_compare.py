@@ -23,8 +23,8 @@ from typing import Any
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError
 from nitro_core.jobs.groups import MAX_SEEDS, Group, ended, finished, is_group_id, member_statuses
 from nitro_core.store import manifest
-from nitro_core.store import recordio as store
 from nitro_core.store.manifest import Manifest
+from nitro_core.store.record_header import read_header
 from nitro_mcp import catalog, models, seed_groups
 from nitro_mcp.echo import clip
 from nitro_mcp.following import follow_call
@@ -188,7 +188,7 @@ def _scored(root: Path, directory: Path, run: str, current: Manifest | None) -> 
     current = manifest.load(directory) if current is None else current
     for entry in reversed(manifest.run_entries(current.entries, run)):
         try:
-            meta = store.read_header(directory / entry.file)
+            meta = read_header(directory / entry.file)
         except (NitroError, OSError):
             continue
         metrics = meta.get("metrics")

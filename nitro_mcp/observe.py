@@ -18,7 +18,7 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nitro_core.errors import ConfigError, Part, ResumeRefused, UnsafePath, Worded
 from nitro_core.jobs.call_models import LOGGER_REFUSAL
@@ -26,7 +26,6 @@ from nitro_core.jobs.calls import train_arguments
 from nitro_core.store import metrics_log
 from nitro_core.store.metrics_log import READ_MAX
 from nitro_core.training.loggers import LOGGER_CALLS, LOGGERS, installed
-from nitro_core.training.resume import ResumePoint
 from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.paths import shown
@@ -43,6 +42,9 @@ _EXAMPLE = {"columns": "['epoch', 'val.loss']", "metrics": "['train_loss', 'val.
 INSTALL_PLOT = "pip install 'nitro[plot]' (or pip install 'matplotlib>=3.7')"
 
 Cell = float | int | str | None
+
+if TYPE_CHECKING:
+    from nitro_core.training.resume import ResumePoint
 
 
 # -- reading logs ----------------------------------------------------------------------------

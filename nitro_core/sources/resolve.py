@@ -28,9 +28,9 @@ from nitro_core.policy.ranked import ranked
 from nitro_core.policy.retention import Pair as ScorePair
 from nitro_core.sources import selection
 from nitro_core.sources.grammar import Average, HFDirectory, Pair, PathSource, Source, to_source
-from nitro_core.store import hf, manifest, shards
+from nitro_core.store import manifest
+from nitro_core.store.atomic import TMP_SUFFIX
 from nitro_core.store.manifest import ManifestEntry, Point
-from nitro_core.store.recordio import TMP_SUFFIX
 
 _PARTIAL = re.compile(r"\.tmp$|\.stale\d*$")  # what an interrupted write leaves behind
 
@@ -230,6 +230,8 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
             Lister(str(run_dir)),
             " lists them), e.g. 'latest => latest'.",
         )
+    from nitro_core.store import shards  # lazy: a sharded record's reader imports torch
+
     directory = next((p for p in candidates if shards.is_sharded(p)), None)
     if directory is not None:  # a record directory (several processes wrote it)
         home = directory.resolve().parent
@@ -273,6 +275,8 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
 def resolve_hf(source: HFDirectory, run_dir: Path) -> Resolved:
     """``hf:<dir>``: the directory as given (absolute, or relative to the working directory),
     else relative to ``run_dir``; refused when it holds no safetensors weights."""
+    from nitro_core.store import hf  # lazy: it imports torch
+
     given = Path(source.path)
     candidates = [given] if given.is_absolute() else [given, run_dir / given]
     directory = next((p for p in candidates if p.is_dir()), candidates[0])

@@ -40,8 +40,8 @@ from safetensors import safe_open
 from nitro_core.errors import CheckpointMissing, CheckpointNotFound, ConfigError, RecordError
 from nitro_core.store import deleter, safeio
 from nitro_core.store.atomic import TMP_SUFFIX, PublishDirectory, Replace
+from nitro_core.store.record_header import META_KEY
 from nitro_core.store.recordio import read_record, write_record
-from nitro_core.store.writer import META_KEY
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"

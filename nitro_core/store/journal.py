@@ -50,7 +50,7 @@ import xxhash
 
 from nitro_core.errors import CheckpointCorrupt
 from nitro_core.store.atomic import Replace
-from nitro_core.store.recordio import MANIFEST_NAME
+from nitro_core.store.manifest_file import MANIFEST_NAME
 from nitro_core.store.safeio import open_nofollow
 
 NAME = "manifest.journal"

@@ -43,7 +43,8 @@ from pydantic import (
 
 from nitro_core.errors import CheckpointCorrupt
 from nitro_core.store import digest, journal
-from nitro_core.store import recordio as store
+from nitro_core.store.claims import manifest_lock
+from nitro_core.store.manifest_file import MANIFEST_NAME, paused_gc, save_manifest_bytes
 from nitro_core.store.safeio import open_nofollow
 
 FORMAT: Final = "nitro-manifest/1"
@@ -318,7 +319,7 @@ def _racy(st: os.stat_result, seen: _Seen) -> bool:
 
 def _refresh_base(run_dir: Path, seen: _Seen) -> bool:
     """Re-read ``manifest.json`` when it changed; returns whether it did."""
-    path = run_dir / store.MANIFEST_NAME
+    path = run_dir / MANIFEST_NAME
     try:
         fd = open_nofollow(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -384,7 +385,7 @@ def _copied(j: journal.Journal) -> journal.Journal:
 
 def _parse(path: Path, data: bytes) -> Manifest:
     try:
-        with store.paused_gc():
+        with paused_gc():
             return _MANIFEST.validate_json(data)
     except ValueError as exc:
         raise CheckpointCorrupt(
@@ -407,7 +408,7 @@ def _writing(run_dir: Path) -> Iterator[_Seen]:
 
 def save(run_dir: Path, manifest: Manifest, journal_id: str | None = None) -> None:
     """Rewrite ``manifest.json`` with ``manifest`` (a compaction); the caller holds
-    ``store.manifest_lock(run_dir)`` and loaded ``manifest`` under it. With ``journal_id``
+    ``manifest_lock(run_dir)`` and loaded ``manifest`` under it. With ``journal_id``
     the journal of that identity continues it, emptied (started first when new); without,
     ``manifest.json`` is complete on its own and the journal is removed after it."""
     run_dir = Path(run_dir)
@@ -433,8 +434,8 @@ def save(run_dir: Path, manifest: Manifest, journal_id: str | None = None) -> No
 
 def _write_base(run_dir: Path, seen: _Seen, state: Manifest) -> None:
     body = state.to_json()
-    store.save_manifest_bytes(run_dir, body)
-    st = os.stat(run_dir / store.MANIFEST_NAME, follow_symlinks=False)
+    save_manifest_bytes(run_dir, body)
+    st = os.stat(run_dir / MANIFEST_NAME, follow_symlinks=False)
     seen.base_key = _key(st)
     seen.base_hash, seen.base_size = xxhash.xxh3_128_hexdigest(body), len(body)
     seen.base, seen.state = state, state.copy_out()
@@ -455,7 +456,7 @@ def commit(
     points: Iterable[tuple[str, Point]] = (),
 ) -> Manifest:
     """Commit one change: ``add`` entries, ``drop`` the entries of these files, record
-    ``points``; returns the manifest it makes. The caller holds ``store.manifest_lock``.
+    ``points``; returns the manifest it makes. The caller holds ``manifest_lock``.
     A small manifest is rewritten; a large one gets a journal line (its first change starts
     the journal), and is rewritten once the journal has grown to a quarter of it (the cost
     per change stays flat)."""
@@ -495,7 +496,7 @@ def compact(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     if not os.path.lexists(run_dir / journal.NAME):
         return
-    with store.manifest_lock(run_dir):
+    with manifest_lock(run_dir):
         seen = _current(run_dir)
         if seen.journal_key is not None:
             save(run_dir, seen.state)

@@ -69,7 +69,7 @@ class MappedReads:
                 self.check.hash(sums, t, pages[start : min(start + PIECE, at + t.size)])
             if wanted(t):
                 raw = base[at : at + t.size]
-                if t.size < _OWN or at % t.dtype.itemsize:
+                if t.size < _OWN or at % t.itemsize:
                     raw = raw.clone()  # small (RNG state, counters) or misaligned: its own
                 out[t.name] = raw.view(t.dtype).view(t.shape)
         for t in todo:

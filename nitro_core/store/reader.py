@@ -22,14 +22,17 @@ import os
 from collections.abc import Collection, Iterator
 from concurrent.futures import Executor
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing
-from nitro_core.store.mapped_read import MappedReads
 from nitro_core.store.record_header import Tensor, open_record, parse, runs
 from nitro_core.store.section_check import PIECE, SectionCheck
 from nitro_core.store.streamed_read import StreamedReads
+
+if TYPE_CHECKING:  # tensors; torch loads with the first read (verify hashes without it)
+    import torch
+
+    from nitro_core.store.mapped_read import MappedReads
 
 
 class RecordFile:
@@ -49,7 +52,7 @@ class RecordFile:
         self.meta = self.header.meta
         self.tensors = self.header.tensors
         self.data_start = self.header.data_start
-        self._mapped = MappedReads(self.fd, self.header, check)
+        self._mapped: MappedReads | None = None  # made by the first read
         self._streamed = StreamedReads(self.fd, self.path, self.header, check)
         self._check = check
 
@@ -60,6 +63,10 @@ class RecordFile:
         """The wanted sections' tensors (every tensor without ``sections``), made straight
         from the file's mapped pages, verified before they are returned
         (:meth:`MappedReads.read`)."""
+        if self._mapped is None:
+            from nitro_core.store.mapped_read import MappedReads  # lazy: it imports torch
+
+            self._mapped = MappedReads(self.fd, self.header, self._check)
         return self._mapped.read(sections)
 
     def stream(
@@ -75,8 +82,7 @@ class RecordFile:
 
     def verify(self) -> None:
         """Hash every section (every byte) against the header, or the manifest."""
-        for _ in self.stream():
-            pass
+        self._streamed.verify()
 
     def prefetch(self, sections: Collection[str] | None = None) -> None:
         """Ask the kernel to read the wanted sections into the page cache now."""
@@ -93,7 +99,8 @@ class RecordFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        self._mapped.close()
+        if self._mapped is not None:
+            self._mapped.close()
         self._streamed.close()
 
     def __enter__(self) -> RecordFile:

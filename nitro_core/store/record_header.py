@@ -13,24 +13,35 @@ returns, :class:`Header`, is the section table the reads work from
 
 from __future__ import annotations
 
-import gc
+import functools
 import json
 import os
 import stat
 import struct
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, Lister
-from nitro_core.store import digest
+from nitro_core.store import digest, shard_header
+from nitro_core.store.manifest_file import paused_gc
 from nitro_core.store.safeio import open_nofollow
-from nitro_core.store.writer import FROM_CODE, META_KEY
 
+if TYPE_CHECKING:  # a tensor's dtype; torch loads when a record's tensors are read
+    import torch
+
+META_KEY = "nitro"  # the safetensors metadata key holding Nitro's own JSON
+# each safetensors dtype a record stores: torch's name for it and its bytes per element (the
+# writer's table is made from this one), so a header is checked without torch
+CODES: dict[str, tuple[str, int]] = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2), "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2),
+    "I8": ("int8", 1), "U8": ("uint8", 1), "BOOL": ("bool", 1),
+    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
+    "U16": ("uint16", 2), "U32": ("uint32", 4), "U64": ("uint64", 8),
+}  # fmt: skip
+ITEMSIZE = {code: size for code, (_, size) in CODES.items()}
 MAX_HEADER = 100 * 1024 * 1024
 _FIRST = 64 * 1024  # the first read: the length and, most often, the whole header
 
@@ -40,7 +51,7 @@ class Tensor:
     """One tensor's place in the data section (offsets from its start)."""
 
     name: str
-    dtype: torch.dtype
+    code: str  # its safetensors dtype, e.g. "F32"
     shape: tuple[int, ...]
     begin: int
     end: int
@@ -49,6 +60,23 @@ class Tensor:
     @property
     def size(self) -> int:
         return self.end - self.begin
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.code]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.code)
+
+
+@functools.cache
+def torch_dtype(code: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype code (torch loads here, with the first read)."""
+    import torch  # lazy: a header is read without torch
+
+    dtype: torch.dtype = getattr(torch, CODES[code][0])
+    return dtype
 
 
 @dataclass(frozen=True)
@@ -178,6 +206,11 @@ def _pread_all(fd: int, n: int, offset: int, path: Path) -> bytes:
     return bytes(out)
 
 
+def is_sharded(path: Path) -> bool:
+    """Whether ``path`` is a record directory (never through a link)."""
+    return path.is_dir() and not path.is_symlink()
+
+
 def parse(fd: int, path: Path, expected: str | None = None) -> Header:
     """The header of the record open at ``fd``, checked against the file's size and, with
     ``expected`` (the manifest's digest), against the manifest; parsed once."""
@@ -196,16 +229,17 @@ def parse(fd: int, path: Path, expected: str | None = None) -> Header:
         position = 0
         for name, info in entries:
             begin, end = info["data_offsets"]
-            dtype = FROM_CODE.get(info["dtype"])
+            code = info["dtype"]
+            itemsize = ITEMSIZE.get(code) if isinstance(code, str) else None
             shape = tuple(int(s) for s in info["shape"])
             count = 1
             for s in shape:
                 count *= s
-            if begin != position or dtype is None or end - begin != count * dtype.itemsize:
+            if begin != position or itemsize is None or end - begin != count * itemsize:
                 raise CheckpointCorrupt(
                     f"Checkpoint {str(path)!r} has a malformed header at tensor {name!r}."
                 )
-            tensors.append(Tensor(name, dtype, shape, begin, end, digest.section_of(name)))
+            tensors.append(Tensor(name, code, shape, begin, end, digest.section_of(name)))
             position = end
     except CheckpointCorrupt:
         raise
@@ -233,14 +267,50 @@ def runs(tensors: list[Tensor]) -> Iterator[list[Tensor]]:
         yield run
 
 
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Parse a large JSON document without the cyclic collector scanning every new object
-    (with torch imported a full collection takes ~100 ms); it is acyclic, so nothing leaks."""
-    was = gc.isenabled()
-    gc.disable()
+def read_header(path: Path, expected: str | None = None) -> dict[str, Any]:
+    """The ``nitro`` metadata of a record, reading only the header bytes. A record Nitro
+    wrote puts its metadata first and says how long its data is, so only the metadata is
+    parsed, not the table of tensors; a truncated file is refused, and so is a header whose
+    bytes differ from ``expected`` (the manifest's digest of a listed record) or, without it,
+    from the digest the header carries."""
+    path = Path(path)
+    if is_sharded(path):  # a record directory: its header.json
+        return shard_header.read_header(path, expected)
+    fd = open_record(path)
     try:
-        yield
+        size = os.fstat(fd).st_size
+        head = read_head(fd, path, size)
     finally:
-        if was:
-            gc.enable()
+        os.close(fd)
+    check_header(path, head, expected)
+    try:
+        with paused_gc():  # thousands of small objects at once: skip the collector's scans
+            meta, data_bytes = _metadata_first(head)
+            if meta is None:
+                header = json.loads(head[8:])
+                meta = json.loads(header.pop("__metadata__")[META_KEY])
+                data_bytes = max((v["data_offsets"][1] for v in header.values()), default=0)
+        if not isinstance(meta, dict):
+            raise TypeError("its nitro metadata is not an object")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise unreadable(path, exc) from None
+    check_sealed(path, head, meta, expected)
+    if len(head) + data_bytes > size:
+        raise truncated(path, len(head) + data_bytes - size)
+    return meta
+
+
+_FIRST_KEY = b'{"__metadata__":'
+
+
+def _metadata_first(head: bytes) -> tuple[Any, int]:
+    """(metadata, data bytes) from a header that opens with its metadata and whose
+    ``integrity`` block gives the data's length, else (None, 0)."""
+    if not head.startswith(_FIRST_KEY, 8):
+        return None, 0
+    extra, _ = json.JSONDecoder().raw_decode(head[8:].decode(), len(_FIRST_KEY))
+    meta = json.loads(extra[META_KEY])
+    block = meta.get(digest.KEY) if isinstance(meta, dict) else None
+    if not isinstance(block, dict) or type(block.get("data_bytes")) is not int:
+        return None, 0
+    return meta, block["data_bytes"]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import os
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -36,9 +35,8 @@ from typing import Any
 
 import torch
 
-from nitro_core.errors import DiskFull
 from nitro_core.store import digest, shards
-from nitro_core.store.atomic import TMP_SUFFIX, PublishNew, Replace, Reserved, tmp_path
+from nitro_core.store.atomic import TMP_SUFFIX, PublishNew, Reserved, tmp_path
 from nitro_core.store.claims import (
     LOCK_NAME,
     Reservation,
@@ -51,18 +49,19 @@ from nitro_core.store.claims import (
     run_lock,
     set_aside,
 )
-from nitro_core.store.reader import RecordFile, prefetch
-from nitro_core.store.record_header import (
-    check_header,
-    check_sealed,
-    open_record,
+from nitro_core.store.manifest_file import (
+    MANIFEST_NAME,
+    MANIFEST_ROOM,
+    load_manifest_bytes,
+    manifest_room,
     paused_gc,
-    read_head,
-    truncated,
-    unreadable,
+    save_manifest_bytes,
+    save_manifest_json,
 )
+from nitro_core.store.reader import RecordFile, prefetch
+from nitro_core.store.record_header import META_KEY, open_record, read_head, read_header
 from nitro_core.store.safeio import fsync_dir, open_nofollow
-from nitro_core.store.writer import META_KEY, Layout, check_host, writer
+from nitro_core.store.writer import Layout, check_host, writer
 
 # the public names; those of atomic, claims and reader re-exported: callers find every one here
 __all__ = [
@@ -97,8 +96,6 @@ __all__ = [
     "write_record",
 ]
 
-MANIFEST_NAME = "manifest.json"
-MANIFEST_ROOM = 64 * 1024  # free bytes kept beyond the manifest's size before a record commits
 _CHUNK = 8 * 1024 * 1024
 
 
@@ -164,95 +161,3 @@ def open_record_file(path: Path, expected: str | None = None) -> Any:
     if shards.is_sharded(Path(path)):
         return shards.ShardedRecord(Path(path), expected)
     return RecordFile(Path(path), expected)
-
-
-def read_header(path: Path, expected: str | None = None) -> dict[str, Any]:
-    """The ``nitro`` metadata of a record, reading only the header bytes. A record Nitro
-    wrote puts its metadata first and says how long its data is, so only the metadata is
-    parsed, not the table of tensors; a truncated file is refused, and so is a header whose
-    bytes differ from ``expected`` (the manifest's digest of a listed record) or, without it,
-    from the digest the header carries."""
-    path = Path(path)
-    if shards.is_sharded(path):  # a record directory: its header.json
-        return shards.read_header(path, expected)
-    fd = open_record(path)
-    try:
-        size = os.fstat(fd).st_size
-        head = read_head(fd, path, size)
-    finally:
-        os.close(fd)
-    check_header(path, head, expected)
-    try:
-        with paused_gc():  # thousands of small objects at once: skip the collector's scans
-            meta, data_bytes = _metadata_first(head)
-            if meta is None:
-                header = json.loads(head[8:])
-                meta = json.loads(header.pop("__metadata__")[META_KEY])
-                data_bytes = max((v["data_offsets"][1] for v in header.values()), default=0)
-        if not isinstance(meta, dict):
-            raise TypeError("its nitro metadata is not an object")
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise unreadable(path, exc) from None
-    check_sealed(path, head, meta, expected)
-    if len(head) + data_bytes > size:
-        raise truncated(path, len(head) + data_bytes - size)
-    return meta
-
-
-_FIRST_KEY = b'{"__metadata__":'
-
-
-def _metadata_first(head: bytes) -> tuple[Any, int]:
-    """(metadata, data bytes) from a header that opens with its metadata and whose
-    ``integrity`` block gives the data's length, else (None, 0)."""
-    if not head.startswith(_FIRST_KEY, 8):
-        return None, 0
-    extra, _ = json.JSONDecoder().raw_decode(head[8:].decode(), len(_FIRST_KEY))
-    meta = json.loads(extra[META_KEY])
-    block = meta.get(digest.KEY) if isinstance(meta, dict) else None
-    if not isinstance(block, dict) or type(block.get("data_bytes")) is not int:
-        return None, 0
-    return meta, block["data_bytes"]
-
-
-# -- the manifest ---------------------------------------------------------------------------
-def load_manifest_bytes(directory: Path) -> bytes | None:
-    """The manifest's bytes, or None when the directory has none. A ``manifest.json`` that is
-    a link is refused unread (:class:`UnsafePath`)."""
-    try:
-        fd = open_nofollow(Path(directory) / MANIFEST_NAME, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
-
-
-def save_manifest_json(directory: Path, data: Mapping[str, Any]) -> None:
-    """Commit the manifest document ``data``; the caller holds :func:`manifest_lock`."""
-    save_manifest_bytes(directory, json.dumps(data, indent=1, allow_nan=False).encode())
-
-
-def save_manifest_bytes(directory: Path, body: bytes) -> None:
-    """Commit ``body`` as ``manifest.json``; the caller holds :func:`manifest_lock`."""
-    directory = Path(directory)
-
-    def disk_full(free: int) -> DiskFull:
-        return DiskFull(
-            f"No room left in {str(directory)!r} to rewrite manifest.json: it needs {len(body)} "
-            f"bytes, {free} are free. Kept: manifest.json as it was before this update, with "
-            "every record it lists (the temporary file was removed); a record written for this "
-            "update is not listed and counts for nothing. Free space on that disk and resume "
-            "with resume='auto'."
-        )
-
-    Replace(directory / MANIFEST_NAME, disk_full).commit(lambda f: f.write(body))
-
-
-def manifest_room(directory: Path) -> int:
-    """Free bytes a rewrite of ``directory``'s manifest needs: its size and a margin (the
-    new one is written beside the old before the rename frees it)."""
-    try:
-        size = os.lstat(Path(directory) / MANIFEST_NAME).st_size
-    except FileNotFoundError:
-        size = 0
-    return size + MANIFEST_ROOM

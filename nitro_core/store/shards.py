@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import stat
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -46,23 +44,26 @@ from typing import Any
 import torch
 import xxhash
 
-from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, RecordError
+from nitro_core.errors import CheckpointCorrupt, RecordError
 from nitro_core.store import deleter, digest
 from nitro_core.store.atomic import PublishDirectory
 from nitro_core.store.record_header import Tensor
+from nitro_core.store.record_header import (
+    is_sharded as is_sharded,  # re-exported: the readers ask here
+)
 from nitro_core.store.safeio import open_nofollow
+from nitro_core.store.shard_header import HEADER_NAME as HEADER_NAME  # re-exported
+from nitro_core.store.shard_header import SHARD_NAME as SHARD_NAME  # re-exported
+from nitro_core.store.shard_header import (
+    checked_header,
+    header_bytes,
+)
+from nitro_core.store.shard_header import read_header as read_header  # re-exported
 from nitro_core.store.writer import DTYPES
 
-HEADER_NAME = "header.json"
 SHARD_SUFFIX = ".safetensors"
-SHARD_NAME = re.compile(r"^shard-\d+-model-\d+-of-\d+\.safetensors$")  # DCP's names
 _CHUNK = 8 * 1024 * 1024
 _MAX_SHARD_HEADER = 100 * 1024 * 1024
-
-
-def is_sharded(path: Path) -> bool:
-    """Whether ``path`` is a record directory (never through a link)."""
-    return path.is_dir() and not path.is_symlink()
 
 
 def _fresh(tmp: Path) -> None:
@@ -173,13 +174,7 @@ def publish(
 
 def manifest_digest(path: Path) -> str:
     """The manifest's digest of a record directory: the hash of its ``header.json``."""
-    _refuse_odd_header(path)
-    try:
-        fd = open_nofollow(path / HEADER_NAME, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        raise _no_header(path) from None
-    with os.fdopen(fd, "rb") as f:
-        return digest.tree(f.read())
+    return digest.tree(header_bytes(path))
 
 
 def _sizes(path: Path) -> int:
@@ -194,82 +189,6 @@ def _file_digest(path: Path) -> str:
     return str(hasher.hexdigest())
 
 
-def _no_header(path: Path) -> CheckpointMissing:
-    return CheckpointMissing(
-        f"Checkpoint {str(path)!r} is a directory without {HEADER_NAME}, so not a "
-        "committed sharded record (a write interrupted before its commit leaves "
-        "'<name>.tmp'). Load another checkpoint."
-    )
-
-
-def _refuse_odd_header(path: Path) -> None:
-    """Refuse a ``header.json`` that is neither a regular file nor a link (a link is refused
-    by the open that follows, a missing one is :func:`_no_header`): a directory or a FIFO
-    (whose open would block), never opened."""
-    try:
-        mode = os.lstat(path / HEADER_NAME).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device)"
-        raise CheckpointCorrupt(
-            f"Checkpoint {str(path)!r}: its {HEADER_NAME} is {kind}, not the file rank 0 "
-            "wrote, so its shards cannot be checked. Load another checkpoint."
-        )
-
-
-def _header(path: Path, expected: str | None) -> dict[str, Any]:
-    """``header.json`` parsed and checked: against ``expected`` (the manifest's digest) when
-    the record is listed, else against the digest it carries (which a header that says it was
-    written with one must carry)."""
-    _refuse_odd_header(path)
-    try:
-        fd = open_nofollow(path / HEADER_NAME, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        raise _no_header(path) from None
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read()
-    if expected is not None and digest.tree(raw) != expected:
-        raise CheckpointCorrupt(
-            f"Checkpoint {str(path)!r}: its {HEADER_NAME} does not match the manifest's digest "
-            f"({digest.short(expected)}); the record changed since it was written. Load "
-            "another checkpoint."
-        )
-    try:
-        header = json.loads(raw)
-        if not isinstance(header, dict):
-            raise ValueError("the header is not a JSON object")
-    except ValueError as exc:
-        raise CheckpointCorrupt(
-            f"Checkpoint {str(path)!r}: its {HEADER_NAME} is not readable ({exc}). Load "
-            "another checkpoint."
-        ) from None
-    found = digest.json_header_check(header) if expected is None else None
-    if found is not None and found[0] != found[1]:
-        raise CheckpointCorrupt(
-            f"Checkpoint {str(path)!r}: its {HEADER_NAME} digests to "
-            f"{digest.ALGORITHM}:{found[1][:16]}..., its integrity block recorded "
-            f"{digest.ALGORITHM}:{str(found[0])[:16]}... when it was written (the header was "
-            "edited since). Load another checkpoint."
-        )
-    if expected is None and found is None and digest.requires_header_digest(header):
-        raise CheckpointCorrupt(
-            f"Checkpoint {str(path)!r}: its {HEADER_NAME} carries no digest of its own "
-            f"(integrity.header), yet it says format_version {header.get('format_version')!r}, "
-            f"written with one (a record written before header digests says "
-            f"{digest.HEADER_DIGEST_SINCE - 1}); it was edited since. Load another checkpoint."
-        )
-    return header
-
-
-def read_header(path: Path, expected: str | None = None) -> dict[str, Any]:
-    """The JSON header of a record directory (checked as :func:`verify` checks it, without
-    its shards): its metadata, without the shard list."""
-    meta = _header(Path(path), expected)
-    meta.pop("shards", None)
-    return meta
-
-
 def verify(path: Path, expected: str | None, part: tuple[int, int] = (0, 1)) -> list[str]:
     """Check a record directory: ``header.json`` against the manifest's digest (when it
     lists the record) or its own, the files present against the shards it lists (none
@@ -279,7 +198,7 @@ def verify(path: Path, expected: str | None, part: tuple[int, int] = (0, 1)) -> 
     every ``world``-th shard file from ``rank`` on (the ranks of a job share the work).
     Returns the sections of the record's tensors (from the shards' own headers)."""
     path = Path(path)
-    header = _header(path, expected)
+    header = checked_header(path, expected)
     shards = header.get("shards")
     if not isinstance(shards, dict) or not all(isinstance(v, str) for v in shards.values()):
         raise CheckpointCorrupt(
@@ -471,7 +390,9 @@ class ShardedRecord:
                     count *= s
                 size = count * torch.empty((), dtype=md.properties.dtype).element_size()
                 self.tensors.append(
-                    Tensor(name, md.properties.dtype, shape, 0, size, digest.section_of(name))
+                    Tensor(
+                        name, DTYPES[md.properties.dtype], shape, 0, size, digest.section_of(name)
+                    )
                 )
 
     def read(self, sections: Any = None) -> dict[str, torch.Tensor]:

@@ -14,11 +14,13 @@ import os
 from collections.abc import Collection, Iterator
 from concurrent.futures import Executor
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from nitro_core.store.record_header import Header, Tensor, truncated, unreadable
 from nitro_core.store.section_check import PIECE, SectionCheck
+
+if TYPE_CHECKING:  # the pieces' type; torch loads with the first stream
+    import torch
 
 
 class StreamedReads:
@@ -53,6 +55,8 @@ class StreamedReads:
         piece, into the other buffer, while the caller uses this one; a stream asks for piece
         ``i + 1`` only once piece ``i`` is done, which keeps each section's hash in file
         order, and one worker may serve several streams read side by side."""
+        import torch  # lazy: verify() hashes without it
+
         todo, wanted = self.check.plan(sections)
         sums = self.check.start()
         plan = list(_pieces(todo, self.header.data_start, piece_bytes))
@@ -80,6 +84,18 @@ class StreamedReads:
         finally:  # closed early: the job in flight ends before the file or a new pass moves on
             if ahead is not None and not ahead.cancel():
                 ahead.exception()
+        self.check.check(sums, todo)
+
+    def verify(self, piece_bytes: int = PIECE) -> None:
+        """Read and hash every section in pieces, as :meth:`stream` does, into a plain
+        buffer: no tensor is made, so ``nitro verify`` checks a record without torch."""
+        todo, _ = self.check.plan(None)
+        sums = self.check.start()
+        view = memoryview(bytearray(max(piece_bytes, 16)))
+        for t, start, n, _ in _pieces(todo, self.header.data_start, piece_bytes):
+            if n:
+                self._pread_into(view[:n], start)
+                self.check.hash(sums, t, view[:n])
         self.check.check(sums, todo)
 
     def _pread_into(self, view: memoryview, offset: int) -> None:
@@ -111,7 +127,7 @@ def _pieces(
         if t.size == 0:
             yield t, data_start + t.begin, 0, 0
             continue
-        width = t.dtype.itemsize
+        width = t.itemsize
         step = max(width, piece_bytes - piece_bytes % width)
         at = data_start + t.begin
         for start in range(at, at + t.size, step):

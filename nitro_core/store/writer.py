@@ -30,28 +30,13 @@ import torch
 
 from nitro_core.errors import RecordError
 from nitro_core.store import digest
+from nitro_core.store.record_header import CODES, META_KEY
 
-META_KEY = "nitro"
 FORMAT_KEY, FORMAT_PT = "format", "pt"  # what transformers' load_state_dict checks
 _CHUNK = 8 * 1024 * 1024
 
-DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.uint16: "U16",
-    torch.uint32: "U32",
-    torch.uint64: "U64",
-}
+# the dtypes a record stores, by their safetensors codes (record_header.CODES: one table)
+DTYPES: dict[torch.dtype, str] = {getattr(torch, name): code for code, (name, _) in CODES.items()}
 FROM_CODE = {code: dtype for dtype, code in DTYPES.items()}
 
 

@@ -26,8 +26,6 @@ from nitro_core.sources.grammar import Average, Pair, to_source
 from nitro_core.sources.selection import check_keep_holds
 from nitro_core.store import manifest
 from nitro_core.training.options import check_options
-from nitro_core.training.resume import latest_point, resume_from_source
-from nitro_core.training.setup import check_seed
 from nitro_mcp import call_checks, following, models, observe, seed_groups
 from nitro_mcp.arguments import arguments_model, flag_text
 from nitro_mcp.echo import clip, clip_text
@@ -209,6 +207,8 @@ def _checked_train(
 ) -> tuple[TrainCall, str | None, str]:
     """The call as checked (its paths resolved, its executor filled in), the job it queues
     behind (or None), and the sentence saying so (or nothing)."""
+    from nitro_core.training.resume import latest_point, resume_from_source  # lazy: torch
+
     resume = flag_text(call.resume, "resume")
     restore_best = flag_text(call.restore_best, "restore_best")
     experiment, overrides, weights = call.experiment, call.overrides, call.weights
@@ -273,6 +273,8 @@ def _with_executor(gate: Gate, call: TrainCall) -> TrainCall:
 
 
 def _check_seed(seed: int | None) -> None:
+    from nitro_core.training.setup import check_seed  # lazy: wiring imports torch
+
     if isinstance(seed, int) and seed.bit_length() > 64:  # too long to echo whole, or to repr
         raise ConfigError(
             f"seed={clip(seed)} is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."

@@ -98,3 +98,38 @@ def test_http_requires_the_bearer_token(http_server):
         "HFCausalLM",
         "Regression",
     }
+
+
+def _imported(log) -> set[str]:
+    """The modules a ``python -X importtime`` process has imported so far (its stderr)."""
+    names = set()
+    for line in log.read_text().splitlines():
+        if line.startswith("import time:") and line.count("|") == 2:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+def test_nitro_serve_answers_initialize_and_tools_list_before_torch_loads(tmp_path):
+    from mcp.client.stdio import stdio_client
+
+    log = tmp_path / "imports.txt"
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-X", "importtime", "-m", "nitro_mcp.cli", "serve", "--root", str(tmp_path)],
+        env=dict(os.environ),
+    )
+
+    async def main():
+        with log.open("w") as errlog:
+            async with Client(stdio_client(params, errlog=errlog)) as client:  # initialize
+                tools = (await client.list_tools()).tools
+                listed = _imported(log)
+                err, experiments = await call(client, "nitro_experiments")
+                assert not err, experiments
+                return tools, listed, _imported(log), experiments
+
+    tools, listed, later, experiments = anyio.run(main)
+    assert len(tools) >= 16 and "nitro_mcp.server" in listed and "mcp" in listed
+    assert "torch" not in listed, sorted(n for n in listed if n.startswith("torch"))[:5]
+    # the first call that needs the experiments imports them, and torch with them
+    assert "torch" in later and "Regression" in {e["name"] for e in experiments["experiments"]}
