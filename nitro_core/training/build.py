@@ -173,8 +173,10 @@ def check_resumable(
     return point.seed
 
 
-def training(experiment: Experiment, where: Place, seed: int) -> Training:
-    """The data splits (each rank's share), the model and its optimizer and step."""
+def training(experiment: Experiment, where: Place, seed: int, restoring: bool = False) -> Training:
+    """The data splits (each rank's share), the model and its optimizer and step.
+    ``restoring``: a resume will load every parameter and buffer from its record, so the
+    model's own initialization is skipped where that is safe (:func:`model_to_restore`)."""
     dist, device, settings = where.dist, where.device, where.step_settings
     data = sharding.shard_splits(
         setup.build_splits(experiment), dist, seed, type(experiment).__name__
@@ -182,12 +184,39 @@ def training(experiment: Experiment, where: Place, seed: int) -> Training:
     # records go through the uncompiled module; forward passes through the compiled one,
     # and training's through DDP when there is one (evaluation bypasses it: it syncs
     # nothing, and ranks may evaluate unequal shares)
-    built = distributed.shard_model(experiment.build_model().to(device), dist)
+    fresh = model_to_restore(experiment, device) if restoring and dist.world == 1 else None
+    made = fresh if fresh is not None else experiment.build_model().to(device)
+    built = distributed.shard_model(made, dist)
     model, eval_model = split_compiled(built, settings.compile)
     forward_model = distributed.wrap(model, eval_model, dist)
     optimizer = experiment.build_optimizer(model)
     stepper = None if settings.plain else Stepper(settings, optimizer, device)
     return Training(data, model, eval_model, forward_model, optimizer, stepper)
+
+
+def model_to_restore(experiment: Experiment, device: torch.device) -> torch.nn.Module | None:
+    """The experiment's model with its storage allocated but not initialized, for a resume
+    that overwrites every parameter and buffer from its record: built on the meta device,
+    then given empty storage on ``device``, so a large model's random initialization (most
+    of a resume's setup before its first read) is not paid for weights about to be replaced.
+    None, for a build as usual, when something the record does not hold would be lost: a
+    non-persistent buffer (not in a state dict), a tensor kept as a plain attribute, or a
+    decay anchor at the initial weights (``decay_anchor() == "w0"`` checks them)."""
+    if experiment.decay_anchor() != "zero":
+        return None
+    try:
+        with torch.device("meta"):
+            model = experiment.build_model()
+    except Exception:  # noqa: BLE001 - a build that needs real tensors (a download, .cuda())
+        return None  # builds as usual, which raises whatever is really wrong
+    if not isinstance(model, torch.nn.Module):
+        return None  # refused by the usual build, which says what to return
+    for module in model.modules():
+        if module._non_persistent_buffers_set:  # noqa: SLF001 - torch keeps no public view
+            return None
+        if any(isinstance(v, torch.Tensor) for v in vars(module).values()):
+            return None
+    return model.to_empty(device=device)
 
 
 def schedule(

@@ -101,7 +101,7 @@ class Nitro:
         self.averaged_from: dict[str, Any] | None = None
         # build everything from the seed
         rng.seed_everything(self.seed)
-        self._build(place)
+        self._build(place, restoring=point is not None)
         self._start_history(entries, logger)
         # load what was asked for; the RNG state is put back when train() starts
         logger_state = self._load(point, entries)
@@ -112,12 +112,13 @@ class Nitro:
         self._parts = self._lend_parts(place)
 
     # -- setup, phase by phase (each phase's parts are built by training.build) ----------
-    def _build(self, place: build.Place) -> None:
+    def _build(self, place: build.Place, restoring: bool = False) -> None:
         """The data, the model and its optimizer and step; the hooks that act over steps and
-        points (schedule, EMA, anchor, ranking, stops); evaluation."""
+        points (schedule, EMA, anchor, ranking, stops); evaluation. ``restoring``: a resume
+        loads the whole state next."""
         exp = self.experiment
         self.data, self.model, eval_model, self._forward_model, self.optimizer, self.stepper = (
-            build.training(exp, place, self.seed)
+            build.training(exp, place, self.seed, restoring)
         )
         self.scheduler = build.schedule(
             exp, self.optimizer, self.data["train"], place.step_settings
