@@ -51,6 +51,7 @@ class Gate:
         import_timeout_s: float = IMPORT_TIMEOUT_S,
         executor: str = "local",
         slurm_options: SlurmOptions | None = None,
+        warm: bool = False,
     ) -> None:
         self.root = Path(root).resolve()
         self._experiments = ExperimentModules(
@@ -58,7 +59,8 @@ class Gate:
         )
         self.modules = self._experiments.for_jobs()  # what a worker imports, the same way
         self._registry: Registry | None = None  # imported at the first call that needs it
-        self.jobs = JobManager(self.root, max_jobs=max_jobs, max_eval_jobs=max_eval_jobs)
+        # warm: evaluations in one warm worker this gate keeps (a server's; not a CLI's)
+        self.jobs = JobManager(self.root, max_jobs=max_jobs, max_eval_jobs=max_eval_jobs, warm=warm)
         self._splits: dict[str, list[str] | None] = {}
         self.executor = executor  # a call's default executor (nitro serve --executor)
         self.slurm_options = slurm_options  # a slurm call's default options (--slurm-partition)

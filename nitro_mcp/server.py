@@ -46,14 +46,16 @@ def build_server(
     import_timeout_s: float = IMPORT_TIMEOUT_S,
     executor: str = "local",
     slurm_options: SlurmOptions | None = None,
+    warm_worker: bool = True,
 ) -> MCPServer:
     """The Nitro MCP server over ``root``: every path resolves inside it. ``max_jobs``
     trainings and, in slots of their own, ``max_eval_jobs`` validations and averages run at
-    once; an experiment module's import may take ``import_timeout_s`` seconds."""
+    once; an experiment module's import may take ``import_timeout_s`` seconds.
+    ``warm_worker``: validations and averages run in one warm worker (torch imported once)."""
     gate = Gate(
         Path(root), max_jobs=max_jobs, experiment_modules=tuple(experiment_modules),
         max_eval_jobs=max_eval_jobs, import_timeout_s=import_timeout_s,
-        executor=executor, slurm_options=slurm_options,
+        executor=executor, slurm_options=slurm_options, warm=warm_worker,
     )  # fmt: skip
     server = NitroServer(  # its tool listing is trimmed for agents
         "nitro", instructions=INSTRUCTIONS, version=__version__, lifespan=_watch_queue(gate)
@@ -77,11 +79,14 @@ def _watch_queue(gate: Gate) -> Callable[[MCPServer], Any]:
                 except Exception:  # never take the server down; the next round tries again
                     log.exception("starting queued jobs failed")
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            try:
-                yield {}
-            finally:
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                try:
+                    yield {}
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:  # once a pump in flight has returned: the warm worker ends after its job
+            gate.jobs.close()
 
     return lifespan

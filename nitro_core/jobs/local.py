@@ -9,20 +9,30 @@ run in their own session, so they outlive the server and a client's disconnect. 
 job whose worker vanished without recording an end is ``lost`` (``stopped`` when a stop had
 reached it). Stopping: a queued job is cancelled; a running one gets the ``stop_requested``
 flag and SIGTERM (graceful), or SIGKILL to its process group (forced).
+
+A server's executor (``warm=True``) keeps a warm worker for evaluations (validate,
+average): one process (``python -m nitro_core.jobs.worker --warm``) that runs them one after
+another, torch imported once, each job handed over on its stdin. While it runs a job, or
+when it cannot take one, a job gets a worker of its own; one killed mid-job leaves its job
+``lost`` as any worker does, and the next evaluation starts a new one. It ends when the
+server does (its stdin closes; the job in hand finishes first).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from nitro_core.errors import UnsafePath
 from nitro_core.jobs.files import (
+    STORE_NAME,
     TERMINAL,
     JobSpec,
     JobStatus,
@@ -36,15 +46,21 @@ from nitro_core.jobs.files import (
 from nitro_core.jobs.status import compare_and_set, update_status_if
 from nitro_core.store.manifest import now_iso
 
+WARM_KINDS = frozenset({"validate", "average"})  # what the warm worker runs
+
 
 class LocalExecutor:
     """Worker processes of the jobs under ``root``; ``pump`` starts queued jobs while slots
     are free (after a submit, and after a stop that ended a job)."""
 
-    def __init__(self, root: Path, pump: Callable[[], None]) -> None:
+    def __init__(self, root: Path, pump: Callable[[], None], warm: bool = False) -> None:
         self.root = root
         self._pump = pump
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.warm = warm  # evaluations go to the warm worker when it is free
+        self._warm: subprocess.Popen[bytes] | None = None
+        self._warm_job: str | None = None  # the job last handed to it
+        self._warm_lock = threading.Lock()  # the server's threads hand jobs over one at a time
 
     def submit(self, directory: Path, spec: JobSpec) -> None:
         """The job is queued: it starts now if a slot is free, else when one frees."""
@@ -61,6 +77,8 @@ class LocalExecutor:
             is None
         ):
             return  # another server claimed it, or it was stopped meanwhile
+        if self.warm and read_status(directory).kind in WARM_KINDS and self._to_warm(directory):
+            return
         try:
             with open_log(directory) as log_file:  # the child keeps its own copy
                 child = subprocess.Popen(
@@ -95,6 +113,72 @@ class LocalExecutor:
             phase="starting",
             pid=child.pid,
         )
+
+    def _to_warm(self, directory: Path) -> bool:
+        """Hand the claimed job to the warm worker when it is free (started first when there
+        is none); False when it cannot take it, and a worker of its own runs the job."""
+        with self._warm_lock:
+            return self._hand_over(directory)
+
+    def _hand_over(self, directory: Path) -> bool:
+        worker = self._warm
+        if worker is not None and not self._usable(worker):
+            self._drop_warm()
+            worker = None
+        if worker is not None and self._warm_job is not None:
+            if _state(self.root, self._warm_job) not in TERMINAL:
+                return False  # busy with the job it was last given
+        try:
+            with open_log(directory):  # a link in its place: the usual start records it
+                pass
+            worker = worker or self._start_warm()
+            assert worker.stdin is not None
+            worker.stdin.write(f"{directory}\n".encode())
+            worker.stdin.flush()
+        except (OSError, ValueError, UnsafePath):  # could not start, died, or the server closed it
+            self._drop_warm()
+            return False
+        self._warm, self._warm_job = worker, directory.name
+        compare_and_set(
+            directory, lambda s: s.state == "running" and s.pid is None,
+            phase="starting", pid=worker.pid,
+        )  # fmt: skip
+        return True
+
+    def _usable(self, worker: subprocess.Popen[bytes]) -> bool:
+        """Whether the warm worker can take a job: running, and not the worker of a job found
+        lost (it is dying, or was killed: a job handed to it now would be lost too)."""
+        if worker.poll() is not None or not alive(worker.pid, None):
+            return False
+        return self._warm_job is None or _state(self.root, self._warm_job) != "lost"
+
+    def _drop_warm(self) -> None:
+        """Forget the warm worker, killed first when it is still there (never two at once)."""
+        if self._warm is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self._warm.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                self._warm.wait(timeout=10)
+        self._warm, self._warm_job = None, None
+
+    def _start_warm(self) -> subprocess.Popen[bytes]:
+        store = self.root / STORE_NAME
+        fd = os.open(store / "warm.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
+        with os.fdopen(fd, "ab") as log_file:  # its own lines between jobs
+            return subprocess.Popen(
+                [sys.executable, "-P", "-m", "nitro_core.jobs.worker", "--warm"],
+                stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT, cwd=self.root,
+                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """The server ends: the warm worker finishes the job in hand, then ends too."""
+        with self._warm_lock:
+            self.warm = False  # a pump still in flight starts workers of their own
+            if self._warm is not None and self._warm.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._warm.stdin.close()
+            self._warm = None
 
     def refresh(self, directory: Path, status: JobStatus) -> JobStatus:
         """Reap a finished child; mark a running job whose worker vanished as lost."""
@@ -145,6 +229,9 @@ class LocalExecutor:
             os.killpg(flagged.pid, sig) if force else os.kill(flagged.pid, sig)
         except ProcessLookupError:
             return self.refresh(directory, read_status(directory))
+        if force and self._warm is not None and flagged.pid == self._warm.pid:
+            with self._warm_lock:
+                self._drop_warm()  # reaped before the next job could be handed to it
         note_event(directory, {"time": now_iso(), "event": "kill" if force else "stop_requested"})
         if not force:
             return read_status(directory)
@@ -156,6 +243,13 @@ class LocalExecutor:
         )  # the MCP layer writes the call that resumes it
         self._pump()
         return killed if killed is not None else read_status(directory)
+
+
+def _state(root: Path, job_id: str) -> str:
+    try:
+        return read_status(job_dir(root, job_id)).state
+    except (OSError, ValueError):  # gone: nothing holds the warm worker
+        return "lost"
 
 
 def startable(

@@ -53,14 +53,18 @@ class JobManager:
     """Jobs under ``<root>/.nitro/jobs``. Trainings and evaluations (validate, average)
     queue separately: an evaluation never waits behind ``max_jobs`` trainings."""
 
-    def __init__(self, root: Path, max_jobs: int = 2, max_eval_jobs: int = 2) -> None:
+    def __init__(
+        self, root: Path, max_jobs: int = 2, max_eval_jobs: int = 2, warm: bool = False
+    ) -> None:
+        """``warm``: evaluations run in a warm worker this manager keeps (a server's);
+        :meth:`close` lets it end."""
         self.root = Path(root).resolve()
         self.max_jobs = max_jobs
         self.max_eval_jobs = max_eval_jobs
         self.listing = JobListing(self.root, self._refresh)
         self.store_dir = self.listing.store_dir
         self.jobs_dir = self.listing.jobs_dir
-        self.local = LocalExecutor(self.root, self.pump)
+        self.local = LocalExecutor(self.root, self.pump, warm=warm)
         self.executors: dict[str, Executor] = {
             "local": self.local,
             "slurm": SlurmExecutor(self.root),
@@ -123,6 +127,10 @@ class JobManager:
             statuses = [s for s in self.listing.current() if s.executor == "local"]  # refreshed
             for job_id in startable(statuses, self.max_jobs, self.max_eval_jobs, self.root):
                 self.local.launch(job_id)
+
+    def close(self) -> None:
+        """This manager's server ends: its warm worker finishes the job in hand and ends."""
+        self.local.close()
 
     # -- reading --------------------------------------------------------------------------------
     def status(self, job_id: str) -> JobStatus:

@@ -6,10 +6,17 @@ A stop is a flag, never an exception raised into running code: SIGTERM (or the
 training starts, a requested stop ends the job as ``stopped`` without touching the run;
 during training it asks the handle for a graceful stop (the epoch finishes, validates and
 checkpoints). SIGKILL leaves the run resumable with resume="auto". A worker that ends
-starts the next queued job, so the queue drains with no server attached."""
+starts the next queued job, so the queue drains with no server attached.
+
+``python -m nitro_core.jobs.worker --warm`` is the warm worker (:func:`warm`): one process
+that runs evaluation jobs (validate, average) one after another as the server's executor
+hands them over, torch imported once."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import logging
 import os
 import signal
@@ -17,7 +24,7 @@ import sys
 import threading
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +33,7 @@ from nitro_core.errors import (
     MonitorError,
     NitroError,
     NonFiniteLoss,
+    UnsafePath,
     parts_to_json,
 )
 from nitro_core.jobs import ranks
@@ -37,6 +45,7 @@ from nitro_core.jobs.files import (
     JobSpec,
     append_event,
     note_event,
+    open_log,
     process_start,
     read_spec,
     read_status,
@@ -55,6 +64,8 @@ WATCH_S = 0.25  # how often the stop watcher looks at the flags
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--warm"]:
+        return warm(0)
     rank = args[:1] == ["--rank"]  # one rank of a several-process job (jobs.ranks)
     directory = Path(args[1] if rank else args[0])
     spec = read_spec(directory)
@@ -68,8 +79,106 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(spec, directory, stop)
     finally:
+        stop.done.set()  # its watcher ends with the job (a warm worker runs the next)
         if not _on_cluster(spec):  # a cluster's scheduler starts the next one there
             _pump_queue(directory, spec)
+
+
+def warm(fd: int) -> int:
+    """The warm worker: run the evaluation jobs whose directories arrive on ``fd`` (its
+    stdin, one line each, from the server's executor), one at a time, each as a worker of
+    its own would (:func:`main`), in this one process: torch and Nitro are imported once;
+    each job imports its experiment modules afresh (an edited module file is picked up; a
+    helper it imports is not), writes to its own log and records its own end, and starts
+    from the same working directory and environment; memory is released after each. It ends
+    when the server closes its end, never while a job could still arrive."""
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s"
+    )
+    home, environment = os.getcwd(), dict(os.environ)
+    for count, line in enumerate(_lines(fd), 1):
+        directory = Path(line)
+        try:
+            with _job_output(directory):
+                log.info(
+                    "job %s: run by the warm worker %d (its job %d)",
+                    directory.name,
+                    os.getpid(),
+                    count,
+                )
+                main([str(directory)])
+        except UnsafePath as exc:  # its log.txt is a link: failed, as a worker's start is
+            update_status_if(
+                directory, {"running"}, state="failed", phase="failed", ended=now_iso(),
+                error=str(exc), hint="Remove the link, then submit the job again.",
+            )  # fmt: skip
+        except Exception as exc:  # before the job could record anything: it fails here
+            log.exception("job %s could not run here", directory.name)
+            update_status_if(
+                directory, {"running"}, state="failed", phase="failed", ended=now_iso(),
+                error=f"The warm worker could not run the job: {_error_text(exc)}",
+            )  # fmt: skip
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the job's stop handler goes with it
+        os.chdir(home)  # the next job starts where this one did
+        os.environ.clear()
+        os.environ.update(environment)
+        held, kept = _release_memory()
+        log.info("job %s: ended; resident memory %d MB -> %d MB", directory.name, held, kept)
+    return 0
+
+
+def _lines(fd: int) -> Iterator[str]:
+    """The lines arriving on ``fd``, until it closes."""
+    pending = b""
+    while True:
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            if line.strip():
+                yield line.decode().strip()
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return  # the server closed its end
+        pending += chunk
+
+
+@contextlib.contextmanager
+def _job_output(directory: Path) -> Iterator[None]:
+    """This process's stdout and stderr on the job's log for the block."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    try:
+        with open_log(directory) as job_log:
+            os.dup2(job_log.fileno(), 1)
+            os.dup2(job_log.fileno(), 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _release_memory() -> tuple[int, int]:
+    """Give back what the job held: its objects, torch's cached device memory, and the
+    allocator's free pages; this process's resident memory before and after, in MB."""
+    held = _resident_mb()
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return held, _resident_mb()
+
+
+def _resident_mb() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _rank(spec: JobSpec, directory: Path, stop: _Stop) -> int:
@@ -185,6 +294,7 @@ class _Stop:
         self.directory = directory
         self.handle_ref: Any = None
         self.requested = False
+        self.done = threading.Event()  # set when the job ends: its watcher ends too
 
     def handle(self, signum: int, frame: Any) -> None:
         self.requested = True
@@ -207,8 +317,7 @@ class _Stop:
         threading.Thread(target=self._forward, name="nitro-stop-watcher", daemon=True).start()
 
     def _forward(self) -> None:
-        event = threading.Event()
-        while not event.wait(WATCH_S):
+        while not self.done.wait(WATCH_S):
             if self.is_requested() and _state(self.directory) == "stopped":
                 os._exit(137)  # a forced stop the server recorded (a scheduler's kill is slow)
             if self.handle_ref is not None and self.is_requested():

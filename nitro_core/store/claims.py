@@ -25,9 +25,8 @@ from nitro_core.store.safeio import (
     close_lock,
     flocked,
     fsync_dir,
-    keep_lock_from_children,
     lock_held,
-    open_nofollow,
+    open_lock,
 )
 
 LOCK_NAME = ".manifest.lock"
@@ -73,8 +72,7 @@ def reserve(path: Path) -> Reservation | None:
         return None
     reclaimed = reclaim_stale(path.parent)
     moved = [set_aside(p, ".stale") for p in leftovers]
-    fd = open_nofollow(tmp_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    keep_lock_from_children(fd)
+    fd = open_lock(tmp_path(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # blocking: only an in_flight() probe can hold it, briefly
     return Reservation(path=path, fd=fd, set_aside=moved, reclaimed=reclaimed)
 

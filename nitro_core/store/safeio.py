@@ -15,6 +15,7 @@ import errno
 import fcntl
 import functools
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,15 +68,22 @@ def confined_dir(base: Path, sub: Path) -> Path:
 # DataLoader worker started while a run trains) shares: its copies would keep the run's
 # locks held after this process died. A child closes them at once (os.register_at_fork),
 # which leaves this process's locks as they are. Process-wide by nature, hence module state.
+# A lock fd is opened and noted under _OPENING, which a fork waits for: a child forked from
+# another thread in between would keep an fd it does not know to close (a probe's lock, held
+# for an instant, then held by the child for its life: the next locker waits forever).
 _LOCK_FDS: set[int] = set()
+_OPENING = threading.Lock()
 
 
 @functools.cache
 def _close_locks_in_children() -> None:
-    os.register_at_fork(after_in_child=_close_lock_fds)
+    os.register_at_fork(
+        before=_OPENING.acquire, after_in_parent=_OPENING.release, after_in_child=_in_child
+    )
 
 
-def _close_lock_fds() -> None:
+def _in_child() -> None:
+    _OPENING.release()  # held by the thread that forked, the child's only one
     for fd in list(_LOCK_FDS):
         try:
             os.close(fd)
@@ -90,6 +98,17 @@ def keep_lock_from_children(fd: int) -> None:
     _LOCK_FDS.add(fd)
 
 
+def open_lock(path: Path, flags: int, where: str = RUN_DIR) -> int:
+    """Open ``path`` (never through a link) as a lock fd that forked children close as they
+    start, with no instant in which a fork could copy it unnoted; close it with
+    :func:`close_lock`."""
+    _close_locks_in_children()
+    with _OPENING:
+        fd = open_nofollow(path, flags, where=where)
+        _LOCK_FDS.add(fd)
+    return fd
+
+
 def close_lock(fd: int) -> None:
     """Close a lock fd (dropping its lock)."""
     _LOCK_FDS.discard(fd)
@@ -101,8 +120,7 @@ def flocked(path: Path, blocking: bool = True, where: str = RUN_DIR) -> Iterator
     """Hold an exclusive ``flock`` on the lock file ``path`` (created, never truncated, never
     followed through a link) for the block. Yields False, holding nothing, when
     ``blocking`` is False and another open file holds it."""
-    fd = open_nofollow(path, os.O_CREAT | os.O_RDWR, where=where)
-    keep_lock_from_children(fd)
+    fd = open_lock(path, os.O_CREAT | os.O_RDWR, where=where)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -120,7 +138,7 @@ def lock_held(path: Path, where: str = RUN_DIR) -> bool:
     :class:`UnsafePath`). The one probe of a lock: a run's training lock, a record's
     write claim."""
     try:
-        fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK, where=where)
+        fd = open_lock(path, os.O_RDONLY | os.O_NONBLOCK, where=where)
     except FileNotFoundError:
         return False
     try:
@@ -128,7 +146,7 @@ def lock_held(path: Path, where: str = RUN_DIR) -> bool:
     except BlockingIOError:
         return True
     finally:
-        os.close(fd)  # also drops the probe's lock
+        close_lock(fd)  # also drops the probe's lock
     return False
 
 

@@ -23,6 +23,7 @@ from nitro_core.experiment import Experiment, changed_fields, check_required_hoo
 from nitro_core.policy import ranked
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.sources.grammar import HF_PREFIX, Average, HFDirectory, Pair
+from nitro_core.state import rng
 from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMA, EMATracker
 from nitro_core.store import manifest
@@ -199,24 +200,55 @@ def model_to_restore(experiment: Experiment, device: torch.device) -> torch.nn.M
     that overwrites every parameter and buffer from its record: built on the meta device,
     then given empty storage on ``device``, so a large model's random initialization (most
     of a resume's setup before its first read) is not paid for weights about to be replaced.
-    None, for a build as usual, when something the record does not hold would be lost: a
-    non-persistent buffer (not in a state dict), a tensor kept as a plain attribute, or a
-    decay anchor at the initial weights (``decay_anchor() == "w0"`` checks them)."""
+    The meta build moves no random generator, so a build as usual after it draws what the
+    original run drew. None, for that build, when the record would not restore the model
+    whole (:func:`_whole_in_a_record`), when the build needs real tensors (a download,
+    ``.cuda()``), or with a decay anchor at the initial weights (``decay_anchor() == "w0"``
+    checks them)."""
     if experiment.decay_anchor() != "zero":
         return None
     try:
-        with torch.device("meta"):
+        with rng.isolated(), torch.device("meta"):
             model = experiment.build_model()
-    except Exception:  # noqa: BLE001 - a build that needs real tensors (a download, .cuda())
-        return None  # builds as usual, which raises whatever is really wrong
-    if not isinstance(model, torch.nn.Module):
-        return None  # refused by the usual build, which says what to return
+        if not isinstance(model, torch.nn.Module) or not _whole_in_a_record(model):
+            return None  # (a build that returns no module is refused by the usual one)
+        return model.to_empty(device=device)
+    except Exception:  # noqa: BLE001 - builds as usual, which raises whatever is really wrong
+        return None
+
+
+_MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
+
+
+def _whole_in_a_record(model: torch.nn.Module) -> bool:
+    """Whether every tensor of ``model`` is a parameter or buffer a record holds once: none
+    shared between two names (tied weights, which ``to_empty`` would untie), none lazy, no
+    non-persistent buffer, and no tensor kept elsewhere in a module (an attribute, or in a
+    list, tuple, set or dict of one)."""
+    named = [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]
+    if len({id(t) for _, t in named}) != len(named):
+        return False
     for module in model.modules():
         if module._non_persistent_buffers_set:  # noqa: SLF001 - torch keeps no public view
-            return None
-        if any(isinstance(v, torch.Tensor) for v in vars(module).values()):
-            return None
-    return model.to_empty(device=device)
+            return False
+        if any(torch.nn.parameter.is_lazy(p) for p in module._parameters.values() if p is not None):  # noqa: SLF001
+            return False
+        if any(_holds_tensor(v) for k, v in vars(module).items() if k not in _MODULE_STATE):
+            return False
+    return True
+
+
+def _holds_tensor(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth < 3 and isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_tensor(v, depth + 1) for v in value)
+    if depth < 3 and isinstance(value, dict):
+        return any(_holds_tensor(v, depth + 1) for v in value.values())
+    return False
 
 
 def schedule(

@@ -34,6 +34,9 @@ def add(sub: Any) -> dict[str, Handler]:
     serve.add_argument("--executor", choices=("local", "slurm"), default="local",
                        help="what runs a nitro_train that names none: worker processes here, "
                        "or sbatch on a Slurm cluster (default: %(default)s)")  # fmt: skip
+    serve.add_argument("--no-warm-worker", dest="warm_worker", action="store_false",
+                       help="run each validation and average in a worker of its own instead of "
+                       "the warm worker (torch imported once, for all of them)")  # fmt: skip
     serve.add_argument("--slurm-partition", help="with --executor slurm: the default partition")
     serve.add_argument("--slurm-account", help="with --executor slurm: the default account")
 
@@ -55,7 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
     server = build_server(
         Path(args.root), max_jobs=args.max_jobs, experiment_modules=tuple(args.experiment_module),
         max_eval_jobs=args.max_eval_jobs, import_timeout_s=args.import_timeout,
-        executor=args.executor, slurm_options=_slurm_options(args),
+        executor=args.executor, slurm_options=_slurm_options(args), warm_worker=args.warm_worker,
     )  # fmt: skip
     if args.http:
         serve_http(server, args.port, args.token)

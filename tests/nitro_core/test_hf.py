@@ -328,6 +328,7 @@ def wait_for_file(path: Path, proc: subprocess.Popen, limit: float = 600) -> Non
         time.sleep(0.01)
 
 
+@pytest.mark.slow  # a real worker killed or followed for epochs: `pytest -m slow`
 def test_a_killed_export_leaves_a_temporary_that_hf_refuses_and_the_next_export_removes(tmp_path):
     from nitro_core import export_hf
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 
@@ -27,12 +28,15 @@ class Tracked(Regression):
 
 
 class WithScale(Tracked):
-    """A constant the forward pass uses, kept in a non-persistent buffer (no record has it)."""
+    """A random constant the forward pass uses, drawn from NumPy's generator as the model is
+    built and kept in a non-persistent buffer (no record has it): a resume must draw it again,
+    the same."""
 
     def build_model(self) -> torch.nn.Module:
         inner = super().build_model()
         model = torch.nn.Sequential(inner)
-        model.register_buffer("scale", torch.full((1,), 3.0), persistent=False)
+        drawn = 1.0 + float(np.random.rand())
+        model.register_buffer("scale", torch.full((1,), drawn), persistent=False)
         return model
 
     def loss(self, model, batch):
@@ -40,15 +44,29 @@ class WithScale(Tracked):
 
 
 class WithAttribute(Tracked):
-    """The same constant as a plain tensor attribute of the module."""
+    """A constant kept in a list attribute of the module (no record has it)."""
 
     def build_model(self) -> torch.nn.Module:
         model = torch.nn.Sequential(super().build_model())
-        model.scale = torch.full((1,), 3.0)  # type: ignore[assignment]
+        model.constants = [torch.full((1,), 3.0)]  # type: ignore[assignment]
         return model
 
     def loss(self, model, batch):
-        return torch.nn.functional.mse_loss(model(batch["x"]) * model.scale, batch["y"])
+        return torch.nn.functional.mse_loss(model(batch["x"]) * model.constants[0], batch["y"])
+
+
+class Tied(Tracked):
+    """Two layers sharing one weight (tied weights: a record holds it once)."""
+
+    def build_model(self) -> torch.nn.Module:
+        model = torch.nn.Sequential(super().build_model(), torch.nn.Linear(1, 1))
+        model[1].weight = (
+            model[0][2].weight if model[0][2].weight.shape == (1, 1) else model[1].weight
+        )
+        first = torch.nn.Linear(1, 1)
+        model.append(first)
+        first.weight = model[1].weight
+        return model
 
 
 class AnchoredAtInit(Tracked):
@@ -66,6 +84,7 @@ def _weights(n: Nitro) -> dict[str, torch.Tensor]:
         (Tracked, [True]),  # meta only: no initialization paid
         (WithScale, [True, False]),  # the buffer is not in the record: built as usual
         (WithAttribute, [True, False]),
+        (Tied, [True, False]),  # to_empty would untie them
         (AnchoredAtInit, [False]),  # w0 is the initial weights: they must be made
     ],
 )
@@ -86,5 +105,7 @@ def test_a_resume_skips_only_the_initialization_its_record_replaces(
     assert theirs.keys() == ours.keys()
     for k in theirs:  # the uninterrupted run, bit for bit (A == B + C)
         assert torch.equal(theirs[k], ours[k]), k
-    if cls in (WithScale, WithAttribute):
-        assert torch.equal(resumed.model.scale, torch.full((1,), 3.0))
+    if cls is WithScale:  # the same draw: the meta build moved no generator
+        assert torch.equal(resumed.model.scale, whole.model.scale)
+    if cls is Tied:
+        assert resumed.model[1].weight is resumed.model[2].weight

@@ -166,6 +166,7 @@ def test_following_a_run_shows_progress_inside_epochs_and_until_end_returns_once
     anyio.run(main)
 
 
+@pytest.mark.slow  # a real worker killed or followed for epochs: `pytest -m slow`
 def test_until_change_returns_at_the_next_epoch_end(tmp_path, monkeypatch):
     async def main():
         async with Client(slow_server(tmp_path, monkeypatch)) as client:
