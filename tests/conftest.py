@@ -1,11 +1,17 @@
 """Shared fixtures: every test runs in its own working directory, so default run
 directories (runs/<Experiment>) land in tmp_path. Tests marked ``cuda`` are skipped on a
-machine without a CUDA device."""
+machine without a CUDA device. Every process a test starts dumps each thread's Python
+stack to its stderr if it crashes (``PYTHONFAULTHANDLER``), so that a failure's output says
+where."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,9 @@ read from disk.
 from __future__ import annotations
 
 import atexit
+import gc
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -158,6 +160,7 @@ def join(strategy: str, device: torch.device, requested: bool) -> tuple[Dist, to
         if device.type == "cuda":
             torch.cuda.set_device(local)
         dist.init_process_group(backend=backend)
+        atexit.unregister(_destroy_at_exit)  # once, however many handles join
         atexit.register(_destroy_at_exit)
     if device.type == "cuda" and world > 1 and not requested:
         device = torch.device("cuda", local)
@@ -176,8 +179,65 @@ def join(strategy: str, device: torch.device, requested: bool) -> tuple[Dist, to
 
 
 def _destroy_at_exit() -> None:
+    """At interpreter exit, while Python is still whole: destroy the group (unless
+    :meth:`Dist.close` did), collect the cycles that keep its objects alive, and wait until
+    gloo's threads are idle.
+
+    ``destroy_process_group`` forgets a group, but a module that holds it (DDP, an FSDP
+    mesh) keeps its C++ object and the worker threads alive into finalization. A worker that
+    still releases a collective's tensors then takes the GIL, and a thread that takes the
+    GIL while Python finalizes is ended with ``pthread_exit``, which inside C++ aborts the
+    whole process ("terminate called without an active exception", SIGABRT after the run
+    finished; pytorch/pytorch#179291 describes the same for a group never destroyed).
+    """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    gc.collect()  # a group held only by cycles is destroyed now, joining its threads
+    wait_threads_idle(GLOO_THREADS, limit=5.0)
+
+
+GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")  # the names gloo gives its threads
+
+
+def wait_threads_idle(names: tuple[str, ...], limit: float) -> bool:
+    """Wait (at most ``limit`` seconds) until every thread of this process named one of
+    ``names`` sleeps and has not run since the last look, the GIL released in between so
+    that a thread waiting for it gets it; whether they all were idle. Linux reads
+    ``/proc/self/task``; elsewhere there is nothing to read and this returns at once."""
+    deadline = time.monotonic() + limit
+    before = _thread_states(names)
+    while before:
+        time.sleep(0.002)
+        now = _thread_states(names)
+        if now == before and all(state == "S" for state, _ in now.values()):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        before = now
+    return True
+
+
+def _thread_states(names: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+    """Each named thread's scheduler state and its context switches so far, by thread id."""
+    out: dict[str, tuple[str, int]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:  # ended in the meantime
+            continue
+        if fields.get("Name", "").strip() not in names:
+            continue
+        switches = sum(
+            int(fields.get(k, "0"))
+            for k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
+        )
+        out[tid] = (fields.get("State", "?").strip()[:1], switches)
+    return out
 
 
 def wrap(model: torch.nn.Module, forward: torch.nn.Module, d: Dist) -> torch.nn.Module:
