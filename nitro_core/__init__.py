@@ -24,6 +24,7 @@ _WHERE = {
     "CheckpointNotFound": "nitro_core.errors",
     "ConfigError": "nitro_core.errors",
     "DiskFull": "nitro_core.errors",
+    "ObjectStoreError": "nitro_core.errors",
     "MissingHookError": "nitro_core.errors",
     "MonitorError": "nitro_core.errors",
     "NitroDeprecationWarning": "nitro_core.errors",
@@ -55,8 +56,8 @@ _WHERE = {
     "parse_source": "nitro_core.sources.grammar",
     "EMA": "nitro_core.state.ema",
     "ManifestEntry": "nitro_core.store.manifest",
-    "read_manifest": "nitro_core.store.manifest",
-    "runs": "nitro_core.store.manifest",
+    "read_manifest": "nitro_core.store.listing",
+    "runs": "nitro_core.store.listing",
     "TensorBatches": "nitro_core.training.data",
     "experiment_from_record": "nitro_core.training.from_record",
     "Nitro": "nitro_core.training.handle",
@@ -88,6 +89,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.errors import NitroError as NitroError
     from nitro_core.errors import NitroWarning as NitroWarning
     from nitro_core.errors import NonFiniteLoss as NonFiniteLoss
+    from nitro_core.errors import ObjectStoreError as ObjectStoreError
     from nitro_core.errors import RecordError as RecordError
     from nitro_core.errors import ResumeRefused as ResumeRefused
     from nitro_core.errors import SourceSyntaxError as SourceSyntaxError
@@ -110,9 +112,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.sources.grammar import Average as Average
     from nitro_core.sources.grammar import parse_source as parse_source
     from nitro_core.state.ema import EMA as EMA
+    from nitro_core.store.listing import read_manifest as read_manifest
+    from nitro_core.store.listing import runs as runs
     from nitro_core.store.manifest import ManifestEntry as ManifestEntry
-    from nitro_core.store.manifest import read_manifest as read_manifest
-    from nitro_core.store.manifest import runs as runs
     from nitro_core.training.data import TensorBatches as TensorBatches
     from nitro_core.training.from_record import experiment_from_record as experiment_from_record
     from nitro_core.training.handle import Nitro as Nitro
@@ -172,6 +174,7 @@ __all__ = [
     "NitroWarning",
     "NonFiniteLoss",
     "NullLogger",
+    "ObjectStoreError",
     "Plateau",
     "RecordError",
     "ResumeRefused",

@@ -13,6 +13,7 @@ Each class also subclasses the builtin a caller would naturally catch, so
     ├── CheckpointCorrupt(NitroError, OSError)       a record's bytes are not what was written
     │   └── CheckpointMissing(CheckpointCorrupt, FileNotFoundError)  a record is not on disk
     ├── DiskFull(NitroError, OSError)                no room left to write a record or a manifest
+    ├── ObjectStoreError(NitroError, OSError)        the object store failed a call (S3)
     ├── UnsafePath(NitroError, PermissionError)      a path in a run directory is a link leading out
     ├── RecordError(NitroError, ValueError)          a state cannot be written as a record
     ├── TrainingRefused(NitroError, RuntimeError)    the handle cannot train from its state
@@ -241,6 +242,11 @@ class DiskFull(NitroError, OSError):
     def __init__(self, *parts: Part) -> None:
         super().__init__(*parts)
         self.errno = errno.ENOSPC  # code that checks errno keeps working
+
+
+class ObjectStoreError(NitroError, OSError):
+    """The object store answered a call with an error other than a missing bucket or
+    credentials (those are :class:`ConfigError`), or a manifest stayed contended."""
 
 
 class UnsafePath(NitroError, PermissionError):

@@ -23,12 +23,13 @@ from __future__ import annotations
 import os
 import re
 import stat
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, UnsafePath
-from nitro_core.store import manifest
+from nitro_core.store import manifest, object_run, objects
 from nitro_core.store.manifest_file import MANIFEST_NAME
 from nitro_core.store.reader import RecordFile
 from nitro_core.store.safeio import link_refusal
@@ -59,7 +60,11 @@ def verify(path: str | Path) -> list[Checked]:
     record in the run directory ``path`` (listed ones against the manifest too), or of every
     record in and below the directory ``path``; one :class:`Checked` per record, in manifest
     order, unlisted ones after. Raises :class:`CheckpointMissing` when ``path`` holds no
-    record at all."""
+    record at all. ``path`` may be an object-store URL (``s3://bucket/prefix/run``, or a
+    record in it): every record its manifest lists, each copied down to a temporary
+    directory one at a time and checked there."""
+    if objects.is_url(path):
+        return _verify_objects(objects.parse(str(path), "path"))
     given = Path(path)
     path = given.resolve() if given.is_symlink() else given  # a path the caller names: followed
     if _real_dir(path) and not _is_record_dir(path):
@@ -82,6 +87,35 @@ def verify(path: str | Path) -> list[Checked]:
         )
     listed = {e.file: e for e in _entries(path.parent)}
     return [_check(path, str(given), listed.get(path.name))]
+
+
+def _verify_objects(url: objects.ObjectUrl) -> list[Checked]:
+    if url.name.endswith(_SUFFIX):
+        pairs = [(url, object_run.listed(url))]
+    else:
+        entries = object_run.read_manifest(url)
+        if not entries:
+            raise CheckpointMissing(
+                f"No records found under {str(url)!r}: it holds no manifest, or one that lists "
+                "none. Give a run directory or a record, e.g. nitro verify s3://bucket/runs/a."
+            )
+        pairs = [(url.child(e.file), e) for e in entries]
+    out = []
+    for record, entry in pairs:
+        with tempfile.TemporaryDirectory(prefix="nitro-verify-") as tmp:
+            try:
+                local = object_run.fetch(record, Path(tmp))
+            except CheckpointMissing as exc:
+                out.append(Checked(file=record.name, listed=True, ok=False, bytes=0, sections=[],
+                                   problem=str(exc)))  # fmt: skip
+                continue
+            checked = _check(local, record.name, entry)
+        if checked.problem is not None:  # the copy's path stands for the object
+            checked = checked.model_copy(
+                update={"problem": checked.problem.replace(str(local), str(record))}
+            )
+        out.append(checked)
+    return out
 
 
 def _entries(directory: Path) -> list[manifest.ManifestEntry]:

@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "nitro_core.info",
         "nitro_core.deletion",
         "nitro_core.verification",
+        "nitro_core.transfer",
     ),
     ("nitro_core.experiment", "nitro_core.training"),
     ("nitro_core.examples", "nitro_core.registry", "nitro_core.hf_export"),

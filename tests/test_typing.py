@@ -44,6 +44,7 @@ def test_a_users_experiment_type_checks():
     assert "Success" in done.stdout
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_mypy_rejects_a_host_int_read_as_a_str(tmp_path):
     wrong = tmp_path / "wrong_experiment.py"
     wrong.write_text(WRONG)

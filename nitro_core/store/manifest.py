@@ -383,6 +383,11 @@ def _copied(j: journal.Journal) -> journal.Journal:
     return journal.Journal(after=j.after, id=j.id, changes=list(j.changes), end=j.end)
 
 
+def parse_manifest(path: Path, data: bytes) -> Manifest:
+    """The manifest document ``data`` (read from ``path``), validated."""
+    return _parse(path, data)
+
+
 def _parse(path: Path, data: bytes) -> Manifest:
     try:
         with paused_gc():

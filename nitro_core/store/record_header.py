@@ -20,7 +20,7 @@ import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, Lister
@@ -121,14 +121,14 @@ def missing(path: Path) -> CheckpointMissing:
     )
 
 
-def unreadable(path: Path, why: object) -> CheckpointCorrupt:
+def unreadable(path: PurePath, why: object) -> CheckpointCorrupt:
     return CheckpointCorrupt(
         f"Checkpoint {str(path)!r} is not a readable Nitro record ({why}); it may be "
         "truncated by an interrupted write. Load another checkpoint."
     )
 
 
-def truncated(path: Path, short: int) -> CheckpointCorrupt:
+def truncated(path: PurePath, short: int) -> CheckpointCorrupt:
     return CheckpointCorrupt(
         f"Checkpoint {str(path)!r} is truncated: it ends {short} bytes short of what its "
         "header describes. Load another checkpoint (",
@@ -137,13 +137,13 @@ def truncated(path: Path, short: int) -> CheckpointCorrupt:
     )
 
 
-def appended(path: Path) -> CheckpointCorrupt:
+def appended(path: PurePath) -> CheckpointCorrupt:
     return CheckpointCorrupt(
         f"Checkpoint {str(path)!r} has bytes past the end its header describes."
     )
 
 
-def check_header(path: Path, head: bytes, expected: str | None = None) -> None:
+def check_header(path: PurePath, head: bytes, expected: str | None = None) -> None:
     """Refuse a header whose bytes are not what was written: against ``expected``, the
     manifest's digest of a listed record (``xxh3-128-tree:<hex>``), else against the digest
     the header carries (a record written before header digests carries none, and passes; an
@@ -168,7 +168,7 @@ def check_header(path: Path, head: bytes, expected: str | None = None) -> None:
         )
 
 
-def check_sealed(path: Path, head: bytes, meta: dict[str, Any], expected: str | None) -> None:
+def check_sealed(path: PurePath, head: bytes, meta: dict[str, Any], expected: str | None) -> None:
     """Refuse a header that carries no digest of its own although its ``format_version``
     says it was written with one (:func:`nitro_core.store.digest.requires_header_digest`):
     its ``integrity`` key was renamed or removed, or the block moved, so :func:`check_header`

@@ -26,8 +26,9 @@ from nitro_core.sources.grammar import HF_PREFIX, Average, HFDirectory, Pair
 from nitro_core.state import rng
 from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMA, EMATracker
-from nitro_core.store import manifest
+from nitro_core.store import manifest, object_run
 from nitro_core.store import recordio as store
+from nitro_core.store.objects import ObjectUrl
 from nitro_core.training import distributed, ranking, setup, sharding
 from nitro_core.training.checkpointing import OneFile, RecordWriter
 from nitro_core.training.distributed import Dist
@@ -41,10 +42,11 @@ from nitro_core.training.stopping import EarlyStopper, EarlyStopping, Plateau
 class Place(NamedTuple):
     """Where the run lives, on which device, in which process group, with which step."""
 
-    run_dir: Path
+    run_dir: Path  # on object storage: the staging directory (records go up from there)
     dist: Dist
     device: torch.device
     step_settings: StepSettings
+    storage: ObjectUrl | None = None  # the run directory on object storage, when it is one
 
 
 class Identity(NamedTuple):
@@ -107,17 +109,31 @@ def place(
     strategy: str,
 ) -> Place:
     """Where the run lives, on which device, in which process group."""
-    where = setup.resolve_run_dir(run_dir, ckpt, type(experiment).__name__)
+    storage = setup.storage_of(run_dir, ckpt)
+    if storage is not None:
+        where = object_run.staging(storage)
+    else:
+        where = setup.resolve_run_dir(run_dir, ckpt, type(experiment).__name__)
     chosen = setup.resolve_device(device)
     # "auto" and "cuda" leave the GPU to the rank (cuda:LOCAL_RANK); "cuda:1" pins it
     dist, on = distributed.join(strategy, chosen, requested=chosen.index is not None)
-    return Place(where, dist, on, step_settings(experiment, on))
+    if storage is not None and dist.world > 1:
+        raise ConfigError(
+            f"run_dir={str(storage)!r}: a run of several processes cannot write to object "
+            "storage yet. Train it in a local run directory and `nitro push` it, or train "
+            "in one process."
+        )
+    return Place(where, dist, on, step_settings(experiment, on), storage)
 
 
 def resume_point(
-    resume: Any, run_dir: Path, entries: list[manifest.ManifestEntry]
+    resume: Any,
+    run_dir: Path,
+    entries: list[manifest.ManifestEntry],
+    storage: ObjectUrl | None = None,
 ) -> ResumePoint | None:
-    """The record a resume continues, or None for a fresh run."""
+    """The record a resume continues, or None for a fresh run (on object storage, the
+    record is copied down into ``run_dir``, the staging directory, first)."""
     if resume is None:
         return None
     if resume == "auto":
@@ -128,8 +144,8 @@ def resume_point(
                 stacklevel=3,
             )
             return None
-        return latest_point(entries, run_dir)
-    return resume_from_source(resume, run_dir, entries)
+        return latest_point(entries, run_dir, storage)
+    return resume_from_source(resume, run_dir, entries, storage)
 
 
 def name_run(
@@ -360,4 +376,4 @@ def record_writer(
         if dist.strategy == "fsdp"
         else OneFile(ckpt.async_write)
     )
-    return RecordWriter(where.run_dir, ckpt, run_id, pair, parent, dist, fmt)
+    return RecordWriter(where.run_dir, ckpt, run_id, pair, parent, dist, fmt, where.storage)

@@ -39,9 +39,10 @@ from nitro_core.policy.retention import Pair
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.state import records
 from nitro_core.state.hostcopy import HostCopier
-from nitro_core.store import digest, manifest
+from nitro_core.store import digest, listing, manifest, object_run
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry, StopReason
+from nitro_core.store.objects import ObjectUrl
 from nitro_core.training.distributed import Dist
 
 log = logging.getLogger(__name__)
@@ -129,9 +130,13 @@ class RecordWriter:
         parent: str | None,
         dist: Dist,
         format: RecordFormat,
+        storage: ObjectUrl | None = None,
     ) -> None:
         self.directory, self.ckpt, self.run, self.pair = directory, ckpt, run, pair
         self.parent, self.dist, self.format = parent, dist, format
+        # on object storage: records are written in ``directory`` (staging), then uploaded
+        # and committed by the manifest object's conditional replace (store.object_run)
+        self.storage = storage
         self._thread: ThreadPoolExecutor | None = None
         self._pending: Future[Any] | None = None
         self._pending_what = ""
@@ -200,7 +205,7 @@ class RecordWriter:
         """Rank 0: the claimed name of a record some selector keeps, or None (the point is
         then only added to the run's history, in the background under ``async_write``)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        entries = manifest.read_manifest(self.directory)
+        entries = listing.entries_of(self.directory, self.storage)
         if not retention.would_keep(entries, entry, self.ckpt, self.run, self.pair):
             log.debug("%s not written: no selector of %s keeps it", where, self.ckpt)
             added = self._submit(lambda: self._add_point(entry))
@@ -210,7 +215,7 @@ class RecordWriter:
                 added.result()
             return None
         with store.manifest_lock(self.directory):
-            return self._claim(entry.file, manifest.read_manifest(self.directory))
+            return self._claim(entry.file, listing.entries_of(self.directory, self.storage))
 
     def _claim(self, name: str, entries: list[ManifestEntry]) -> Claim:
         """Claim ``name``, or ``name`` with ``-run-<id>`` inserted when another run listed it
@@ -231,6 +236,9 @@ class RecordWriter:
     # -- the commit (rank 0; on the writer's thread under async_write) ------------------------
     def _add_point(self, entry: ManifestEntry) -> None:
         """Record a point no selector keeps: it still counts for Last/Best."""
+        if self.storage is not None:
+            object_run.commit(self.storage, lambda state: state.add_point(self.run, _point(entry)))
+            return
         with store.manifest_lock(self.directory):
             manifest.commit(self.directory, points=[(self.run, _point(entry))])
 
@@ -243,6 +251,8 @@ class RecordWriter:
         entry = entry.model_copy(
             update={"bytes": size, "digest": tree, "written": manifest.now_iso()}
         )
+        if self.storage is not None:
+            return self._publish(claim, entry)
         try:
             with store.manifest_lock(self.directory):
                 current = manifest.load(self.directory)
@@ -258,6 +268,22 @@ class RecordWriter:
         finally:
             claim.release()
         return None if entry.file in doomed else entry
+
+    def _retention(self, entries: list[ManifestEntry]) -> set[str]:
+        """The files retention unlists once ``entries`` are listed (this run's, by its keep)."""
+        return set(retention.plan(entries, self.ckpt, self.run, self.pair).delete)
+
+    def _publish(self, claim: Claim, entry: ManifestEntry) -> ManifestEntry | None:
+        """Object storage: upload the record written in the staging directory under a name
+        no object has, commit its entry (retention re-decided on a lost race), delete what
+        retention unlisted; the staging copy is removed either way."""
+        assert self.storage is not None
+        local = self.directory / entry.file
+        try:
+            return object_run.publish(self.storage, local, entry, self._retention)
+        finally:
+            claim.release()
+            store.remove_file(local)
 
     def _submit(self, job: Callable[[], T]) -> Future[T]:
         """Run ``job`` here (synchronous writes) or on the writer thread."""
@@ -321,7 +347,7 @@ class RecordWriter:
         instead of raised."""
         try:
             self._settle("The end of train()")
-            if self.dist.main:
+            if self.dist.main and self.storage is None:
                 manifest.compact(self.directory)  # manifest.json alone lists every record again
         except Exception:
             if raise_error:

@@ -23,7 +23,7 @@ import torch
 
 from nitro_core.experiment import Experiment
 from nitro_core.state import rng
-from nitro_core.store import manifest
+from nitro_core.store import listing, manifest
 from nitro_core.store.manifest import StopReason
 from nitro_core.training import build, ranking, refusals, setup, snapshot
 from nitro_core.training.budget import Budget, check_budget
@@ -87,14 +87,14 @@ class Nitro:
         # the experiment; where the run lives, on which device, in which process group
         self.experiment, self.checkpointer = experiment, build.check_experiment(experiment)
         place = build.place(experiment, self.checkpointer, run_dir, device, strategy)
-        self.run_dir, self.dist, self.device, self.step_settings = place
+        self.run_dir, self.dist, self.device, self.step_settings, self.storage = place
         self.options = check_options(
             resume, weights, restore_optimizer, restore_best, load_ema, strict
         )
-        entries = manifest.read_manifest(self.run_dir)
+        entries = listing.entries_of(self.run_dir, self.storage)
         setup.warn_partial_files(self.run_dir)
         # which record, if any, this handle continues: its seed and run id, or new ones
-        point = build.resume_point(self.options.resume, self.run_dir, entries)
+        point = build.resume_point(self.options.resume, self.run_dir, entries, self.storage)
         self.seed, self.run_id, self.parent = build.name_run(point, seed, experiment, place)
         self.parent_diff = build.resume_lineage(point, experiment)
         self.checkpoint_source: Path | None = point.path if point else None
@@ -197,7 +197,10 @@ class Nitro:
             if not mine:
                 refusals.refuse_held(self.run_dir, self.run_id)
             if self.dist.main:
-                refusals.refuse_stale_point(self.run_dir, self.run_id, self.step, self.epoch)
+                refusals.refuse_stale_point(
+                    listing.entries_of(self.run_dir, self.storage),
+                    self.run_dir, self.run_id, self.step, self.epoch,
+                )  # fmt: skip
             refusals.refuse_spent_budget(self.budget, self.run_dir, self.run_id, self.step)
             self.budget.start(self.step)
             # the first train() starts where setup left off (a mid-epoch resume: once the

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from nitro_core.errors import TrainingRefused
-from nitro_core.store import manifest
+from nitro_core.store.manifest import ManifestEntry
 from nitro_core.training.budget import Budget
 
 
@@ -22,10 +22,13 @@ def refuse_held(run_dir: Path, run_id: str) -> NoReturn:
     )
 
 
-def refuse_stale_point(run_dir: Path, run_id: str, step: int, epoch: int) -> None:
+def refuse_stale_point(
+    entries: list[ManifestEntry], run_dir: Path, run_id: str, step: int, epoch: int
+) -> None:
     """Refuse to train when the run moved on since the handle was built (another handle
-    or process trained it further): its epochs would be written twice under one id."""
-    ahead = [e for e in manifest.read_manifest(run_dir) if e.run == run_id and e.step > step]
+    or process trained it further; ``entries``: the manifest now): its epochs would be
+    written twice under one id."""
+    ahead = [e for e in entries if e.run == run_id and e.step > step]
     if ahead:
         e = ahead[-1]
         raise TrainingRefused(

@@ -40,8 +40,9 @@ from nitro_core.state.loading import (
     read,
     tie_aliases,
 )
-from nitro_core.store import manifest, shards
+from nitro_core.store import listing, manifest, object_run, shards
 from nitro_core.store.manifest import ManifestEntry
+from nitro_core.store.objects import ObjectUrl
 from nitro_core.training import fsdp_state, position
 from nitro_core.training.distributed import Dist
 from nitro_core.training.loggers import Logger, check_resume_backend
@@ -60,6 +61,7 @@ class Restorable(Protocol):
     checkpointer: Checkpointer | None
     options: LoadOptions
     run_dir: Path
+    storage: ObjectUrl | None  # the run directory on object storage (run_dir: its staging)
     run_id: str
     seed: int
     dist: Dist
@@ -283,6 +285,9 @@ def restore_average(n: Restorable, avg: Average, entries: list[ManifestEntry]) -
             stacklevel=4,
         )
         return None
+    if n.storage is not None:  # each picked record copied down, checked as it is read
+        for e in resolved.picked:
+            object_run.fetch_entry(n.storage, e, n.run_dir)
     result = average(resolved, n.run_dir)
     n.model.load_state_dict(fsdp_state.placed(n.model, result.state))
     if n.ema is not None:
@@ -319,7 +324,7 @@ class BestRestorer:
         if self.spec is False or self.holding is not None:
             return
         n = self.n
-        entries = manifest.read_manifest(n.run_dir)
+        entries = listing.entries_of(n.run_dir, n.storage)
         own = manifest.run_entries(entries, n.run_id)
         if isinstance(self.spec, Average):
             self.holding = restore_average(n, self.spec, entries)
@@ -335,6 +340,8 @@ class BestRestorer:
             return
         source = Pair(RunRef("id", n.run_id), "best")
         best = pick_best(source, own, n.ranking.pair, str(n.run_dir))
+        if n.storage is not None:  # copied down from object storage, checked as it is read
+            object_run.fetch_entry(n.storage, best, n.run_dir)
         rec = read(Resolved(source, n.run_dir / best.file, best), WEIGHTS)
         n.model.load_state_dict(fsdp_state.placed(n.model, rec.model_state()))
         ema_state = rec.ema_state()

@@ -24,9 +24,10 @@ from nitro_core.experiment import Experiment, config_diff
 from nitro_core.sources.grammar import Average, Pair, Source
 from nitro_core.sources.resolve import resolve
 from nitro_core.state.records import Record
-from nitro_core.store import manifest
+from nitro_core.store import manifest, object_run
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry
+from nitro_core.store.objects import ObjectUrl
 from nitro_core.training.step import StepSettings, step_diff
 
 
@@ -136,7 +137,12 @@ class ResumePoint:
         return Record(meta=meta, tensors=tensors)
 
 
-def resume_from_source(source: Source, run_dir: Path, entries: list[ManifestEntry]) -> ResumePoint:
+def resume_from_source(
+    source: Source,
+    run_dir: Path,
+    entries: list[ManifestEntry],
+    storage: ObjectUrl | None = None,
+) -> ResumePoint:
     """The resume point a source names: continue its run when it is the run's latest
     listed record in ``run_dir``, else branch."""
     if isinstance(source, Pair) and isinstance(source.pick, Average):
@@ -152,7 +158,7 @@ def resume_from_source(source: Source, run_dir: Path, entries: list[ManifestEntr
         )
     found = resolve(source, run_dir, entries)
     if found.entry is not None and found.path.parent.resolve() == run_dir.resolve():
-        return point_for(found.entry, entries, run_dir)
+        return point_for(found.entry, entries, run_dir, storage)
     return ResumePoint(
         path=found.path,
         entry=found.entry,
@@ -161,19 +167,29 @@ def resume_from_source(source: Source, run_dir: Path, entries: list[ManifestEntr
     )
 
 
-def latest_point(entries: list[ManifestEntry], run_dir: Path) -> ResumePoint:
+def latest_point(
+    entries: list[ManifestEntry], run_dir: Path, storage: ObjectUrl | None = None
+) -> ResumePoint:
     """``latest => latest``: the last entry of the run that wrote the last entry."""
     if not entries:
         raise CheckpointNotFound(
             f"Nothing to resume in {str(run_dir)!r}: its manifest lists no checkpoints. Train "
             "first, or use resume='auto' to start fresh when there is nothing."
         )
-    return point_for(entries[-1], entries, run_dir)
+    return point_for(entries[-1], entries, run_dir, storage)
 
 
-def point_for(entry: ManifestEntry, entries: list[ManifestEntry], run_dir: Path) -> ResumePoint:
-    """A resume point at a listed entry: continue its run when it is the run's latest."""
+def point_for(
+    entry: ManifestEntry,
+    entries: list[ManifestEntry],
+    run_dir: Path,
+    storage: ObjectUrl | None = None,
+) -> ResumePoint:
+    """A resume point at a listed entry: continue its run when it is the run's latest. On
+    object storage (``storage``) the record is first copied down into ``run_dir``."""
     path = run_dir / entry.file
+    if storage is not None:
+        path = object_run.fetch_entry(storage, entry, run_dir)
     own = manifest.run_entries(entries, entry.run)
     continue_run = entry.run if own and own[-1].file == entry.file else None
     return ResumePoint(

@@ -5,7 +5,7 @@ The commands come by family, one module each, as the tools do (:mod:`nitro_mcp.t
 - :mod:`~nitro_mcp.cli.serving`: ``serve`` (the MCP server), ``demo``, ``schemas``
 - :mod:`~nitro_mcp.cli.training`: ``train``, ``validate``, ``average`` (in this process)
 - :mod:`~nitro_mcp.cli.jobs`: ``jobs``, ``status``, ``stop`` (the server's jobs)
-- :mod:`~nitro_mcp.cli.records`: ``runs``, ``manifest``, ``info``, ``verify``, ``experiments``
+- :mod:`~nitro_mcp.cli.records`: ``runs``, ``manifest``, ``info``, ``verify``, ``experiments``, ``push``
 - :mod:`~nitro_mcp.cli.observing`: ``history``, ``plot``, ``compare``
 - :mod:`~nitro_mcp.cli.lifecycle`: ``delete``, ``export``
 

@@ -1,4 +1,4 @@
-"""``nitro runs``, ``manifest``, ``info``, ``verify`` and ``experiments``: the records family.
+"""``nitro runs``, ``manifest``, ``info``, ``verify``, ``experiments`` and ``push``: the records family.
 
 Each calls its MCP tool's function (:mod:`nitro_mcp.tools.records`) over a
 :class:`~nitro_mcp.gate.Gate`, so ``--json`` prints what the tool returns; the default
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from nitro_core.store.objects import is_url
 from nitro_mcp.cli.common import (
     FAILED,
     OK,
@@ -54,8 +55,12 @@ def add(sub: Any) -> dict[str, Handler]:
     experiments.add_argument("--experiment-module", action="append", default=[], metavar="MODULE",
                              help="also register the Experiment subclasses of MODULE")  # fmt: skip
     root_option(experiments)
+    push = command(sub, "push", "copy a run directory's records to object storage (S3)",
+                   "nitro push runs/Classifier s3://my-bucket/runs/Classifier")  # fmt: skip
+    push.add_argument("run_dir", help="the local run directory, e.g. runs/Classifier")
+    push.add_argument("to", help="the run directory on object storage, s3://bucket/prefix/run")
     return {"runs": _runs, "manifest": _manifest, "info": _info, "verify": _verify,
-            "experiments": _experiments}  # fmt: skip
+            "experiments": _experiments, "push": _push}  # fmt: skip
 
 
 def _page_args(p: argparse.ArgumentParser, limit: int) -> None:
@@ -114,6 +119,8 @@ def _more(name: str, path: str | None, cursor: str) -> str:
 def _manifest(args: argparse.Namespace) -> int:
     from nitro_mcp.tools.records import manifest_page  # lazy: the gate imports torch
 
+    if is_url(args.run_dir):
+        return _manifest_of_url(args)
     given = str(run_directory(args.run_dir).resolve())
     result = manifest_page(gate(args, given), given, args.limit, args.cursor)
 
@@ -133,6 +140,13 @@ def _manifest(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from nitro_mcp.tools.records import record_header  # lazy: the gate imports torch
 
+    if is_url(args.file):  # its header alone, by ranged reads (a listed record only)
+        from nitro_core.info import checkpoint_info  # lazy
+
+        header = checkpoint_info(args.file)
+        emit(args, {"path": args.file, "header": header},
+             lambda: (f"{k}: {_value(v)}" for k, v in header.items()))  # fmt: skip
+        return OK
     given = str(Path(args.file).resolve())
     if args.full:  # the whole header, which no tool reply carries
         from nitro_core import checkpoint_info  # lazy
@@ -150,6 +164,14 @@ def _value(v: Any) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    if args.json and is_url(args.path):
+        from nitro_core.verification import verify as verify_url  # lazy
+
+        checks = verify_url(args.path)
+        data = {"path": args.path, "ok": all(c.ok for c in checks),
+                "records": [c.model_dump() for c in checks]}  # fmt: skip
+        emit(args, data, list)
+        return OK if data["ok"] else FAILED
     if args.json:
         from nitro_mcp.tools.records import verify_path  # lazy: the gate imports torch
 
@@ -169,6 +191,47 @@ def _verify(args: argparse.Namespace) -> int:
     bad = sum(not c.ok for c in checks)
     print(f"{len(checks)} record(s) checked, {bad} corrupt")
     return FAILED if bad else OK
+
+
+def _manifest_of_url(args: argparse.Namespace) -> int:
+    """The manifest of a run directory on object storage (one page: ``--limit`` entries
+    from ``--cursor``, an entry's index)."""
+    from nitro_core import read_manifest  # lazy
+
+    entries = read_manifest(args.run_dir)
+    start = int(args.cursor) if args.cursor and args.cursor.isdigit() else 0
+    page = entries[start : start + args.limit]
+    more = str(start + len(page)) if start + len(page) < len(entries) else None
+    data = {"run_dir": args.run_dir, "total": len(entries), "next_cursor": more,
+            "entries": [e.model_dump(mode="json") for e in page]}  # fmt: skip
+
+    def lines() -> Iterator[str]:
+        yield f"{args.run_dir}: {len(entries)} entries"
+        rows = [[e.run, e.epoch, e.step, None if e.score is None else f"{e.metric}={cell(e.score)}",
+                 e.bytes, e.file, e.stop_reason] for e in page]  # fmt: skip
+        if rows:
+            yield from table(["run", "epoch", "step", "score", "bytes", "file", "stop"], rows)
+        if more is not None:
+            yield _more("manifest", args.run_dir, more)
+
+    emit(args, data, lines)
+    return OK
+
+
+def _push(args: argparse.Namespace) -> int:
+    from nitro_core.transfer import push  # lazy
+
+    pushed = push(run_directory(args.run_dir), args.to)
+    data = {"run_dir": args.run_dir, "to": args.to,
+            "pushed": [e.model_dump(mode="json") for e in pushed]}  # fmt: skip
+
+    def lines() -> Iterator[str]:
+        for e in pushed:
+            yield f"pushed {e.file}  {e.bytes} B  (run {e.run}, step {e.step})"
+        yield f"{len(pushed)} record(s) committed to {args.to}"
+
+    emit(args, data, lines)
+    return OK
 
 
 def _experiments(args: argparse.Namespace) -> int:

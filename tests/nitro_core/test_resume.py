@@ -107,6 +107,7 @@ def test_max_epochs_may_be_raised_on_resume(tmp_path):
     assert [e.stop_reason for e in entries if e.epoch in (2, 4)] == ["completed", "completed"]
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path):
     a = Nitro(Classifier(max_epochs=4, samples=256), run_dir=tmp_path / "a").train()
     Nitro(Classifier(max_epochs=2, samples=256), run_dir=tmp_path / "b").train()

@@ -48,6 +48,7 @@ def test_validate_without_overrides_reproduces_the_recorded_metrics(trained_root
     assert val["metrics"] == trained["result"]["final_val"] and val["warnings"] == []
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_each_override_that_differs_from_the_record_is_named_in_a_warning(trained_root):
     root, _ = trained_root
 

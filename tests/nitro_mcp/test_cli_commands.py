@@ -307,6 +307,7 @@ def test_compare_at_a_terminal_names_each_branch_its_parent_and_what_it_changed(
     assert not any(line.startswith(f"runs/a:{a.run_id} branched") for line in out)
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_status_and_stop_of_a_job_are_the_tools_results(tmp_path, monkeypatch, capsys):
     from tests.nitro_mcp.conftest import wait_done
 

@@ -8,6 +8,7 @@ import sys
 import uuid
 
 import anyio
+import pytest
 from mcp import Client, StdioServerParameters
 
 from nitro_core.examples import EXAMPLES
@@ -34,6 +35,7 @@ def _fields(listing: dict, name: str) -> list[str]:
     return [f["name"] for f in exp["fields"]]
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_an_edited_module_is_imported_again_and_the_worker_runs_the_edit(tmp_path):
     exps = tmp_path / "exps.py"
     exps.write_text(TINY)
@@ -164,6 +166,7 @@ def test_a_module_that_is_not_there_or_outside_the_root_is_listed_not_fatal(tmp_
     ]  # fmt: skip
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_a_bad_experiment_module_does_not_stop_nitro_serve(tmp_path):
     """Over real stdio: a module that prints to stdout and raises at import leaves the server
     up and its JSON-RPC channel clean; the client connects and reads the error."""

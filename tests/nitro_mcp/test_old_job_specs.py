@@ -86,6 +86,7 @@ def test_a_server_over_old_jobs_lists_them_and_proposes_the_calls_it_did(old_roo
     anyio.run(main)
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_a_queued_old_job_launches_and_trains(old_root):
     queued = EXPECTED["queued_train"]
 

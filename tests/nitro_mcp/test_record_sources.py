@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import anyio
+import pytest
 from mcp import Client
 
 from nitro_core import checkpoint_info, read_manifest
@@ -25,6 +26,7 @@ def copied_root(trained_root, tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_a_record_directory_is_a_source_and_a_validated_average_keeps_its_metrics(
     trained_root, tmp_path
 ):

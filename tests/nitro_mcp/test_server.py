@@ -306,6 +306,7 @@ def test_stopping_a_job_before_training_starts_reports_stopped(tmp_path):
     anyio.run(main)
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_two_servers_over_one_root_launch_a_queued_job_once(tmp_path):
     from nitro_core.jobs import JobManager
 
@@ -325,6 +326,7 @@ def test_two_servers_over_one_root_launch_a_queued_job_once(tmp_path):
     assert first.status(job.job_id).state == "succeeded" and events.count("queued") == 1
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_a_nan_validation_metric_is_reported_not_fatal(tmp_path, monkeypatch):
     repo = str(Path(__file__).resolve().parents[2])
     monkeypatch.setenv("PYTHONPATH", repo)  # the worker imports the operator's module by name

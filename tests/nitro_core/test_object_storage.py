@@ -1,0 +1,449 @@
+"""Run directories on S3-compatible object storage, against a real SeaweedFS server the
+tests start on 127.0.0.1 (tests/s3_server.py) and stop by pid.
+
+The manifest object is the only commit point: records are objects uploaded whole under
+fresh names, listed by a conditional replace of the manifest; an object the manifest does
+not list is never read as a record; retention deletes only what a committed manifest no
+longer lists; two processes committing at once lose nothing and duplicate nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+
+from nitro_core import (
+    CheckpointCorrupt,
+    Checkpointer,
+    CheckpointMissing,
+    ConfigError,
+    Last,
+    Nitro,
+    checkpoint_info,
+    read_manifest,
+    runs,
+    verify,
+)
+from nitro_core.policy import retention
+from nitro_core.store import object_run, objects
+from nitro_core.transfer import push
+from tests.nitro_core.tiny import KeepLast, Tiny
+from tests.s3_server import seaweedfs, settings
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    with seaweedfs() as url:
+        yield url
+
+
+@pytest.fixture
+def s3(endpoint, monkeypatch):
+    """This process's AWS settings naming the server; the client and the test's bucket (one
+    for the module: SeaweedFS gives each bucket volumes of its own)."""
+    for k, v in settings(endpoint).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    try:
+        client.create_bucket(Bucket="nitro-tests")
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass  # an earlier test made it
+    return client, "nitro-tests"
+
+
+@pytest.fixture
+def prefix():
+    """A prefix no other test uses."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+def pushed_run(tmp_path: Path, url: str, epochs: int) -> Path:
+    """A run trained on disk for ``epochs`` and pushed to ``url``; its local directory."""
+    local = tmp_path / "run"
+    trained(local, epochs=epochs)
+    push(local, url)
+    return local
+
+
+class KeepMany(Tiny):
+    def checkpointer(self):
+        return Checkpointer(keep=Last(20))
+
+
+def keys(client, bucket: str, prefix: str) -> set[str]:
+    r = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")
+    return {o["Key"].removeprefix(prefix + "/") for o in r.get("Contents", ())}
+
+
+def trained(run: Path, experiment=Tiny, epochs: int = 3) -> Nitro:
+    n = Nitro(experiment(max_epochs=epochs), run_dir=run, resume=False)
+    n.train()
+    return n
+
+
+def test_a_pushed_run_reads_back_as_on_disk(s3, tmp_path, prefix):
+    client, bucket = s3
+    local = tmp_path / "run"
+    trained(local)
+    url = f"s3://{bucket}/{prefix}/run"
+    pushed = push(local, url)
+    on_disk = read_manifest(local)
+    there = read_manifest(url)
+    assert [(e.file, e.digest, e.bytes, e.step) for e in there] == [
+        (e.file, e.digest, e.bytes, e.step) for e in on_disk
+    ]
+    assert [e.file for e in pushed] == [e.file for e in on_disk]
+    assert runs(url) == runs(local)
+    assert keys(client, bucket, f"{prefix}/run") == {"manifest.json"} | {e.file for e in on_disk}
+    for e in on_disk:  # the header from ranged reads, checked against the manifest
+        assert checkpoint_info(f"{url}/{e.file}") == checkpoint_info(local / e.file)
+    checked = verify(url)
+    assert [(c.file, c.ok, c.listed, c.bytes) for c in checked] == [
+        (e.file, True, True, e.bytes) for e in on_disk
+    ]
+    assert push(local, url) == []  # again: nothing listed twice
+    assert len(read_manifest(url)) == len(on_disk)
+
+
+def last_two(e):
+    """Retention under Last(2) for the run of ``e``: what the files it unlists are."""
+    ckpt = Checkpointer(keep=Last(2))
+    return lambda entries: set(retention.plan(entries, ckpt, e.run, e.pair).delete)
+
+
+def test_retention_on_s3_deletes_exactly_what_it_deletes_on_disk(s3, tmp_path, prefix):
+    client, bucket = s3
+    everything, kept = tmp_path / "all", tmp_path / "kept"
+    trained(everything, KeepMany, epochs=4)  # every record, on disk
+    trained(kept, KeepLast, epochs=4)  # the same run under Last(2), on disk
+    url = objects.parse(f"s3://{bucket}/{prefix}")
+    seen = []
+    for e in read_manifest(everything):  # offered one by one under Last(2)
+        object_run.publish(url, everything / e.file, e, last_two(e))
+        seen.append(e.file)
+        listed = [x.file for x in read_manifest(str(url))]
+        assert listed == seen[-2:]
+        assert keys(client, bucket, prefix) == {"manifest.json", *listed}  # the rest deleted
+    assert [e.file for e in read_manifest(str(url))] == [e.file for e in read_manifest(kept)]
+
+
+def test_an_object_the_manifest_does_not_list_is_never_read_as_a_record(s3, tmp_path, prefix):
+    client, bucket = s3
+    local = tmp_path / "run"
+    trained(local, epochs=1)
+    url = f"s3://{bucket}/{prefix}"
+    (entry,) = read_manifest(local)
+    # a killed writer's upload, under the very name the record is about to take
+    client.put_object(Bucket=bucket, Key=f"{prefix}/{entry.file}", Body=b"half a record")
+    (pushed,) = push(local, url)
+    stem = entry.file.removesuffix(".safetensors")
+    assert pushed.file == f"{stem}-run-{entry.run}.safetensors"  # the orphan's name not reused
+    orphan = client.get_object(Bucket=bucket, Key=f"{prefix}/{entry.file}")["Body"].read()
+    assert orphan == b"half a record"  # never overwritten
+    with pytest.raises(CheckpointMissing) as e:
+        checkpoint_info(f"{url}/{entry.file}")
+    assert f"'{url}/{entry.file}' is not a record the manifest of '{url}' lists" in str(e.value)
+    assert f"Listed: {pushed.file!r}" in str(e.value)
+    with pytest.raises(CheckpointMissing, match="is not a record the manifest"):
+        verify(f"{url}/{entry.file}")
+    assert [(c.file, c.ok) for c in verify(url)] == [(pushed.file, True)]  # listed ones only
+    assert checkpoint_info(f"{url}/{pushed.file}")["step"] == entry.step
+
+
+def test_a_manifest_edited_to_list_a_missing_object_is_refused_clearly(s3, tmp_path, prefix):
+    client, bucket = s3
+    url = f"s3://{bucket}/{prefix}"
+    pushed_run(tmp_path, url, epochs=2)
+    first, second = read_manifest(url)
+    client.delete_object(Bucket=bucket, Key=f"{prefix}/{first.file}")  # by hand, behind its back
+    with pytest.raises(CheckpointMissing) as e:
+        checkpoint_info(f"{url}/{first.file}")
+    assert f"'{url}/{first.file}' is listed by its manifest but the object is gone" in str(e.value)
+    checked = verify(url)
+    assert [(c.file, c.ok) for c in checked] == [(first.file, False), (second.file, True)]
+    assert "the object is gone" in checked[0].problem
+
+
+def test_bytes_changed_on_the_server_are_found(s3, tmp_path, prefix):
+    client, bucket = s3
+    url = f"s3://{bucket}/{prefix}"
+    local = pushed_run(tmp_path, url, epochs=1)
+    (entry,) = read_manifest(url)
+    body = bytearray((local / entry.file).read_bytes())
+    body[-3] ^= 0xFF  # a tensor byte
+    client.put_object(Bucket=bucket, Key=f"{prefix}/{entry.file}", Body=bytes(body))
+    (checked,) = verify(url)
+    assert not checked.ok and "corrupt" in checked.problem
+    assert f"{url}/{entry.file}" in checked.problem  # named by its URL, not a temporary copy
+    head = bytearray((local / entry.file).read_bytes())
+    head[40] ^= 0x01  # a header byte
+    client.put_object(Bucket=bucket, Key=f"{prefix}/{entry.file}", Body=bytes(head))
+    with pytest.raises(CheckpointCorrupt, match="its header digests to"):
+        checkpoint_info(f"{url}/{entry.file}")
+
+
+RACER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from nitro_core import read_manifest
+    from nitro_core.store import object_run, objects
+
+    local, url, tag, count = Path(sys.argv[1]), objects.parse(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    (entry,) = read_manifest(local)
+    for i in range(count):
+        mine = entry.model_copy(update={"run": f"{tag}{i:03d}", "step": i + 1})
+        object_run.publish(url, local / entry.file, mine, None)
+    """
+)
+
+
+def test_two_processes_committing_at_once_lose_nothing_and_list_nothing_twice(s3, tmp_path, prefix):
+    client, bucket = s3
+    local = tmp_path / "run"
+    trained(local, epochs=1)
+    url = f"s3://{bucket}/{prefix}"
+    count = 25  # each: 25 commits racing the other's (50 in all)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", RACER, str(local), url, tag, str(count)], env=env)
+        for tag in ("a", "b")
+    ]
+    assert [p.wait(timeout=600) for p in procs] == [0, 0]
+    entries = read_manifest(url)
+    ids = sorted(e.run for e in entries)
+    assert ids == sorted(f"{t}{i:03d}" for t in "ab" for i in range(count))  # none lost
+    files = [e.file for e in entries]
+    assert len(set(files)) == len(files) == 2 * count  # no name listed twice
+    assert keys(client, bucket, prefix) == {"manifest.json", *files}  # every upload listed
+    doc = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
+    assert sorted(doc["points"]) == ids  # each run's point committed with its record
+
+
+def test_bad_storage_input_is_refused_with_what_to_write(s3, tmp_path, prefix, monkeypatch):
+    client, bucket = s3
+    with pytest.raises(ConfigError) as e:
+        read_manifest("gs://bucket/run")
+    assert "gs:// is not a storage Nitro writes to" in str(e.value)
+    assert "s3://bucket/prefix" in str(e.value)
+    with pytest.raises(ConfigError, match="names no valid bucket"):
+        read_manifest("s3://A_b/run")
+    with pytest.raises(ConfigError, match=r"'\.\.' segment"):
+        read_manifest(f"s3://{bucket}/a/../b")
+    with pytest.raises(ConfigError) as e:
+        read_manifest("s3://no-such-bucket-nitro/run")
+    assert "Bucket 'no-such-bucket-nitro' does not exist at http://127.0.0.1:" in str(e.value)
+    assert "aws s3 mb s3://no-such-bucket-nitro" in str(e.value)
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(ConfigError) as e:
+        read_manifest(f"s3://{bucket}/{prefix}")
+    assert f"No AWS credentials found for s3://{bucket}/{prefix}/manifest.json" in str(e.value)
+    assert "AWS_ACCESS_KEY_ID" in str(e.value)
+    assert keys(client, bucket, prefix) == set()  # nothing written by a refusal
+
+
+def test_the_cli_pushes_a_run_and_reads_it_back_from_s3(s3, tmp_path, prefix):
+    client, bucket = s3
+    local = tmp_path / "run"
+    trained(local, epochs=2)
+    url = f"s3://{bucket}/{prefix}/run"
+
+    def nitro(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "nitro_mcp", *args], capture_output=True, text=True,
+            timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path,
+        )  # fmt: skip
+
+    done = nitro("push", str(local), url)
+    assert done.returncode == 0, done.stderr
+    files = [e.file for e in read_manifest(local)]
+    assert done.stdout.splitlines()[-1] == f"2 record(s) committed to {url}"
+    done = nitro("manifest", url, "--json")
+    assert done.returncode == 0, done.stderr
+    assert [e["file"] for e in json.loads(done.stdout)["entries"]] == files
+    done = nitro("verify", url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "2 record(s) checked, 0 corrupt"
+    done = nitro("info", f"{url}/{files[-1]}", "--json")
+    assert json.loads(done.stdout)["header"]["step"] == read_manifest(local)[-1].step
+    done = nitro("push", str(local), "gs://bucket/run")
+    assert done.returncode == 2
+    assert "gs:// is not a storage Nitro writes to" in done.stderr
+
+
+class Wide(Tiny):
+    """A record of ~12.6 MB: an upload spans three 5 MiB parts when parts are that small."""
+
+    def build_model(self):
+        return torch.nn.Sequential(
+            torch.nn.Linear(self.width, 1024), torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1)
+        )
+
+
+PUSHER = textwrap.dedent(
+    """
+    import sys
+    from nitro_core.store import objects
+    objects.PART = 5 * 1024 * 1024  # S3's smallest part: every record goes up in parts
+    from nitro_core.transfer import push
+    push(sys.argv[1], sys.argv[2])
+    print("pushed", flush=True)
+    """
+)
+
+
+def test_killing_a_push_at_random_moments_never_lists_a_missing_or_partial_object(
+    s3, tmp_path, prefix
+):
+    client, bucket = s3
+    local = tmp_path / "run"
+    trained(local, Wide, epochs=4)
+    on_disk = read_manifest(local)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    rng = random.Random(0)
+    full = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", PUSHER, str(local), f"s3://{bucket}/{prefix}/full"],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    span = time.monotonic() - full  # how long a push takes here: the kills fall inside it
+    for trial in range(30):
+        url = f"s3://{bucket}/{prefix}/k{trial}"
+        child = subprocess.Popen([sys.executable, "-c", PUSHER, str(local), url], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            child.wait(timeout=rng.uniform(0.3, 1.0) * span)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        listed = read_manifest(url)
+        assert [(e.digest, e.step) for e in listed] == [
+            (e.digest, e.step) for e in on_disk[: len(listed)]
+        ]  # a prefix of the local run, in order, nothing twice
+        for e in listed:  # every listed object whole: its size, its bytes' digests
+            head = client.head_object(Bucket=bucket, Key=f"{prefix}/k{trial}/{e.file}")
+            assert head["ContentLength"] == e.bytes
+        if listed:
+            assert all(c.ok for c in verify(url))
+        push(local, url)  # the next push finishes it; an orphan's name is never reused
+        finished = read_manifest(url)
+        assert [(e.digest, e.step) for e in finished] == [(e.digest, e.step) for e in on_disk]
+        assert len({e.file for e in finished}) == len(on_disk)
+
+
+def params(n: Nitro) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in n.model.state_dict().items()}
+
+
+def test_a_run_trained_on_s3_resumes_bit_for_bit(s3, tmp_path, prefix, monkeypatch):
+    client, bucket = s3
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    url = f"s3://{bucket}/{prefix}/run"
+    a = trained(tmp_path / "a", KeepMany, epochs=4)  # run A, on disk, uninterrupted
+    b = Nitro(KeepMany(max_epochs=2), run_dir=url, resume=False)
+    b.train()  # run B: two epochs, on S3
+    listed = read_manifest(url)
+    assert [e.epoch for e in listed] == [1, 2]
+    assert keys(client, bucket, f"{prefix}/run") == {"manifest.json", *(e.file for e in listed)}
+    c = Nitro(KeepMany(max_epochs=4), run_dir=url, resume="auto")  # run C: B's record, down
+    assert c.run_id == b.run_id and c.epoch == 2
+    c.train()
+    final_a, final_c = params(a), params(c)
+    assert final_a.keys() == final_c.keys()
+    for k in final_a:
+        assert torch.equal(final_a[k], final_c[k]), k  # A == B + C, bit for bit
+    on_s3, on_disk = read_manifest(url), read_manifest(tmp_path / "a")
+    assert [(e.epoch, e.step, e.score) for e in on_s3] == [
+        (e.epoch, e.step, e.score) for e in on_disk
+    ]
+    assert all(c.ok for c in verify(url))
+    staged = object_run.staging(objects.parse(url))
+    assert staged == tmp_path / "staging" / bucket / prefix / "run"
+    uploaded = {e.file for e in on_s3} - {on_s3[1].file}  # the resumed one was copied down
+    assert not uploaded & {p.name for p in staged.iterdir()}  # each uploaded, then removed
+
+
+def test_retention_of_a_run_trained_on_s3_matches_the_disk(s3, tmp_path, prefix, monkeypatch):
+    client, bucket = s3
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    url = f"s3://{bucket}/{prefix}/run"
+    trained(tmp_path / "disk", KeepLast, epochs=4)
+    n = Nitro(KeepLast(max_epochs=4), run_dir=url, resume=False)
+    n.train()
+    on_disk = [(e.epoch, e.step, e.score) for e in read_manifest(tmp_path / "disk")]
+    assert [(e.epoch, e.step, e.score) for e in read_manifest(url)] == on_disk  # Last(2)
+    assert keys(client, bucket, f"{prefix}/run") == {
+        "manifest.json",
+        *(e.file for e in read_manifest(url)),
+    }  # the two dropped records' objects deleted
+
+
+TRAINER = textwrap.dedent(
+    """
+    import sys
+    from nitro_core import Nitro
+    from tests.nitro_core.test_object_storage import Wide
+    import time
+    from nitro_core.store import objects
+    objects.PART = 5 * 1024 * 1024  # every record goes up in parts
+    call = objects.Bucket._call
+
+    def slowed(self, op, **kwargs):  # uploads take most of the run: the kills land in them
+        if op in ("upload_part", "complete_multipart_upload", "put_object"):
+            time.sleep(0.05)
+        return call(self, op, **kwargs)
+
+    objects.Bucket._call = slowed
+    Nitro(Wide(max_epochs=int(sys.argv[2])), run_dir=sys.argv[1], resume="auto").train()
+    """
+)
+
+
+def test_killing_a_trainer_during_uploads_never_lists_a_partial_object(
+    s3, tmp_path, prefix, monkeypatch
+):
+    client, bucket = s3
+    reference = trained(tmp_path / "ref", Wide, epochs=3)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NITRO_STAGING": str(tmp_path / "staging"),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    rng = random.Random(1)
+    started = time.monotonic()
+    url = f"s3://{bucket}/{prefix}/timing"
+    done = subprocess.run([sys.executable, "-c", TRAINER, url, "3"], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    span = time.monotonic() - started
+    for trial in range(30):
+        url = f"s3://{bucket}/{prefix}/k{trial}"
+        child = subprocess.Popen([sys.executable, "-c", TRAINER, url, "3"], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            child.wait(timeout=rng.uniform(0.4, 1.0) * span)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        for e in read_manifest(url):  # every listed object whole
+            head = client.head_object(Bucket=bucket, Key=f"{prefix}/k{trial}/{e.file}")
+            assert head["ContentLength"] == e.bytes, (trial, e.file)
+        monkeypatch.setenv("NITRO_STAGING", env["NITRO_STAGING"])
+        resumed = Nitro(Wide(max_epochs=3), run_dir=url, resume="auto")
+        resumed.train()
+        for k, v in params(reference).items():
+            assert torch.equal(v, params(resumed)[k]), (trial, k)  # the resume is exact
+        assert [e.epoch for e in read_manifest(url)][-1] == 3
