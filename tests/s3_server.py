@@ -48,6 +48,7 @@ def seaweedfs() -> Iterator[str]:
         weed, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
         f"-master.port={master}", f"-master.port.grpc={g1}", "-master.volumeSizeLimitMB=64",
         f"-volume.port={volume}", f"-volume.port.grpc={g2}", "-volume.max=400",
+        "-volume.preStopSeconds=0",
         "-filer", f"-filer.port={filer}", f"-filer.port.grpc={g3}",
         "-s3", f"-s3.port={s3}", f"-s3.port.grpc={g4}", "-s3.port.iceberg=0",
         "-s3.port.lance=0",
@@ -61,8 +62,8 @@ def seaweedfs() -> Iterator[str]:
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
+            try:  # its data is thrown away: no need to wait for its flushes
+                proc.wait(timeout=2)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

@@ -280,7 +280,7 @@ class Nitro:
 
     def __repr__(self) -> str:
         return (
-            f"Nitro({type(self.experiment).__name__}, run_dir={str(self.run_dir)!r}, "
+            f"Nitro({type(self.experiment).__name__}, run_dir={str(self.storage or self.run_dir)!r}, "
             f"run_id={self.run_id!r}, epoch={self.epoch}, step={self.step})"
         )
 

@@ -41,7 +41,7 @@ from nitro_core.state.loading import (
     tie_aliases,
 )
 from nitro_core.store import listing, manifest, object_run, shards
-from nitro_core.store.manifest import ManifestEntry
+from nitro_core.store.manifest import ManifestEntry, Point
 from nitro_core.store.objects import ObjectUrl
 from nitro_core.training import fsdp_state, position
 from nitro_core.training.distributed import Dist
@@ -193,6 +193,7 @@ def load_weights(
     if isinstance(source, Pair) and isinstance(source.pick, Average):
         return load_average(n, source, entries)
     resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
+    copy_down(n, resolved)
     rec = read(resolved, None if opts.restore_optimizer else WEIGHTS)  # optimizer bytes: unread
     warn_config_changed(rec.meta, n, str(resolved.path))
     state = rec.ema_state() if opts.load_ema else rec.model_state()
@@ -255,11 +256,30 @@ def _recorded_config(meta: dict[str, Any]) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
+def copy_down(n: Restorable, resolved: Resolved) -> None:
+    """On object storage: the listed records of the run directory that ``resolved`` names
+    (one, or an average's picks), copied down into its staging directory, ``n.run_dir``
+    (their readers check them against the manifest as they read)."""
+    if n.storage is None:
+        return
+    named = resolved.picked or ((resolved.entry,) if resolved.entry is not None else ())
+    for e in named:
+        if resolved.picked or resolved.path == n.run_dir / e.file:  # not another directory's
+            object_run.fetch_entry(n.storage, e, n.run_dir)
+
+
+def points_of(n: Restorable) -> dict[str, list[Point]] | None:
+    """The runs' points an ``Average`` counts: the object store's manifest's for a run
+    directory there, else None (the resolver reads the disk's)."""
+    return None if n.storage is None else listing.read_points(str(n.storage))
+
+
 def load_average(
     n: Restorable, source: Source, entries: list[ManifestEntry]
 ) -> dict[str, Any] | None:
     """``weights=... => Average(...)``: load the average into a new run."""
-    resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
+    resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points_of(n))
+    copy_down(n, resolved)
     result = average(resolved, n.run_dir, load_ema=n.options.load_ema)
     warn_config_changed(result.meta, n, repr(str(source)))
     state = result.ema if n.options.load_ema else result.state
@@ -276,7 +296,7 @@ def restore_average(n: Restorable, avg: Average, entries: list[ManifestEntry]) -
     """``restore_best=Average(...)``: end training holding the run's own average."""
     source = Pair(RunRef("id", n.run_id), avg)
     try:
-        resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
+        resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points_of(n))
     except CheckpointNotFound as exc:
         warnings.warn(
             f"restore_best={avg}: run {n.run_id} ended before it held enough checkpoints "
@@ -285,9 +305,7 @@ def restore_average(n: Restorable, avg: Average, entries: list[ManifestEntry]) -
             stacklevel=4,
         )
         return None
-    if n.storage is not None:  # each picked record copied down, checked as it is read
-        for e in resolved.picked:
-            object_run.fetch_entry(n.storage, e, n.run_dir)
+    copy_down(n, resolved)
     result = average(resolved, n.run_dir)
     n.model.load_state_dict(fsdp_state.placed(n.model, result.state))
     if n.ema is not None:
@@ -340,9 +358,9 @@ class BestRestorer:
             return
         source = Pair(RunRef("id", n.run_id), "best")
         best = pick_best(source, own, n.ranking.pair, str(n.run_dir))
-        if n.storage is not None:  # copied down from object storage, checked as it is read
-            object_run.fetch_entry(n.storage, best, n.run_dir)
-        rec = read(Resolved(source, n.run_dir / best.file, best), WEIGHTS)
+        resolved = Resolved(source, n.run_dir / best.file, best)
+        copy_down(n, resolved)
+        rec = read(resolved, WEIGHTS)
         n.model.load_state_dict(fsdp_state.placed(n.model, rec.model_state()))
         ema_state = rec.ema_state()
         if n.ema is not None and ema_state is not None:

@@ -84,6 +84,7 @@ def test_a_record_holds_its_point_state_though_later_steps_ran_before_the_write(
             assert torch.equal(tensors[f"optim/state/{i}/{k}"], v), (i, k)
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_a_point_arriving_during_a_write_waits_for_it_and_says_so(tmp_path, monkeypatch, caplog):
     slow_writes(monkeypatch, 0.3)
     with caplog.at_level(logging.INFO, logger="nitro_core.training.checkpointing"):

@@ -1,5 +1,6 @@
 """Run directories on S3-compatible object storage, against a real SeaweedFS server the
-tests start on 127.0.0.1 (tests/s3_server.py) and stop by pid.
+tests start on 127.0.0.1 (tests/s3_server.py) and stop by pid: the protocol's tests run in
+the default suite, the kills, the CLI and the full read-back in the slow one.
 
 The manifest object is the only commit point: records are objects uploaded whole under
 fresh names, listed by a conditional replace of the manifest; an object the manifest does
@@ -40,7 +41,6 @@ from nitro_core.transfer import push
 from tests.nitro_core.tiny import KeepLast, Tiny
 from tests.s3_server import seaweedfs, settings
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -95,6 +95,7 @@ def trained(run: Path, experiment=Tiny, epochs: int = 3) -> Nitro:
     return n
 
 
+@pytest.mark.slow  # subprocesses, or many trials
 def test_a_pushed_run_reads_back_as_on_disk(s3, tmp_path, prefix):
     client, bucket = s3
     local = tmp_path / "run"
@@ -259,6 +260,7 @@ def test_bad_storage_input_is_refused_with_what_to_write(s3, tmp_path, prefix, m
     assert keys(client, bucket, prefix) == set()  # nothing written by a refusal
 
 
+@pytest.mark.slow  # subprocesses, or many trials
 def test_the_cli_pushes_a_run_and_reads_it_back_from_s3(s3, tmp_path, prefix):
     client, bucket = s3
     local = tmp_path / "run"
@@ -268,7 +270,8 @@ def test_the_cli_pushes_a_run_and_reads_it_back_from_s3(s3, tmp_path, prefix):
     def nitro(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "nitro_mcp", *args], capture_output=True, text=True,
-            timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tmp_path,
+            timeout=600, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO), "NITRO_STAGING": str(tmp_path / "st")},
         )  # fmt: skip
 
     done = nitro("push", str(local), url)
@@ -286,6 +289,11 @@ def test_the_cli_pushes_a_run_and_reads_it_back_from_s3(s3, tmp_path, prefix):
     done = nitro("push", str(local), "gs://bucket/run")
     assert done.returncode == 2
     assert "gs:// is not a storage Nitro writes to" in done.stderr
+    trained_url = f"s3://{bucket}/{prefix}/cli-train"
+    done = nitro("train", "Regression", "--run-dir", trained_url, "--set", "max_epochs=2")
+    assert done.returncode == 0, done.stderr
+    assert f"in {trained_url}: " in done.stderr  # the URL, not the staging directory
+    assert [e.epoch for e in read_manifest(trained_url)] == [1, 2]
 
 
 class Wide(Tiny):
@@ -309,6 +317,7 @@ PUSHER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # subprocesses, or many trials
 def test_killing_a_push_at_random_moments_never_lists_a_missing_or_partial_object(
     s3, tmp_path, prefix
 ):
@@ -415,6 +424,7 @@ TRAINER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # subprocesses, or many trials
 def test_killing_a_trainer_during_uploads_never_lists_a_partial_object(
     s3, tmp_path, prefix, monkeypatch
 ):
@@ -447,3 +457,26 @@ def test_killing_a_trainer_during_uploads_never_lists_a_partial_object(
         for k, v in params(reference).items():
             assert torch.equal(v, params(resumed)[k]), (trial, k)  # the resume is exact
         assert [e.epoch for e in read_manifest(url)][-1] == 3
+
+
+def test_weights_restore_best_and_averages_read_an_s3_run_as_the_same_run_on_disk(
+    s3, tmp_path, prefix, monkeypatch
+):
+    client, bucket = s3
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    url = f"s3://{bucket}/{prefix}/run"
+    disk = tmp_path / "disk"
+    ran_disk = trained(disk, KeepMany, epochs=4)
+    ran_s3 = Nitro(KeepMany(max_epochs=4), run_dir=url, resume=False, restore_best=True)
+    ran_s3.train()  # ends holding its best record's weights, copied down from S3
+    best = Nitro(KeepMany(max_epochs=4), run_dir=disk, weights=f"{ran_disk.run_id} => best")
+    for k, v in params(best).items():
+        assert torch.equal(v, params(ran_s3)[k]), k
+    for source in ("{run} => best", "{run} => Average(Last(3))", "{run} => latest"):
+        on_s3 = Nitro(KeepMany(max_epochs=1), run_dir=url,
+                      weights=source.format(run=ran_s3.run_id))  # fmt: skip
+        on_disk = Nitro(KeepMany(max_epochs=1), run_dir=disk,
+                        weights=source.format(run=ran_disk.run_id))  # fmt: skip
+        for k, v in params(on_disk).items():
+            assert torch.equal(v, params(on_s3)[k]), (source, k)
+    assert len(read_manifest(url)) == 4  # reading wrote nothing

@@ -34,6 +34,7 @@ def wide_root(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_validate_without_overrides_reproduces_the_recorded_metrics(trained_root):
     root, trained = trained_root
 
@@ -116,6 +117,7 @@ def small_run(tmp_path):
     return tmp_path, read_manifest(tmp_path / "runs/Regression")[-1].run
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_resume_auto_takes_the_recorded_config_without_repeating_it(small_run):
     root, run = small_run
 

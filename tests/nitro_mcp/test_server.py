@@ -128,6 +128,7 @@ def test_runs_manifest_and_checkpoint_info_read_files_only(trained_root):
     anyio.run(main)
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_status_long_polls_and_sends_progress_notifications(tmp_path):
     async def main():
         async with Client(build_server(tmp_path)) as client:
@@ -271,6 +272,7 @@ def test_jobs_beyond_max_jobs_are_queued_and_started_later(tmp_path):
     anyio.run(main)
 
 
+@pytest.mark.slow  # a subprocess or a server: the slow suite (the default stays under 4 minutes)
 def test_nitro_train_replies_before_the_worker_imports_torch(tmp_path):
     async def main():
         async with Client(build_server(tmp_path)) as client:
