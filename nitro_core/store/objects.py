@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -59,12 +58,6 @@ class ObjectUrl:
     @property
     def parent(self) -> ObjectUrl:
         return ObjectUrl(self.bucket, self.key.rsplit("/", 1)[0] if "/" in self.key else "")
-
-    def within(self, root: ObjectUrl) -> bool:
-        """Whether this URL is ``root`` or lies below it."""
-        return self.bucket == root.bucket and (
-            not root.key or self.key == root.key or self.key.startswith(root.key + "/")
-        )
 
     def shown(self) -> ObjectPath:
         """This URL as a path in messages (``str`` gives the URL back)."""
@@ -222,17 +215,6 @@ class Bucket:
 
     def delete(self, key: str) -> None:
         self._call("delete_object", Key=key)
-
-    def keys(self, prefix: str) -> Iterator[str]:
-        """Every key under ``prefix`` (``prefix/...``), in the server's order."""
-        token: dict[str, str] = {}
-        while True:
-            r = self._call("list_objects_v2", Prefix=prefix.rstrip("/") + "/", **token)
-            for o in r.get("Contents", ()):
-                yield o["Key"]
-            if not r.get("IsTruncated"):
-                return
-            token = {"ContinuationToken": r["NextContinuationToken"]}
 
     def _abort(self, key: str, upload: str) -> None:
         try:
