@@ -32,6 +32,7 @@ import torch
 
 from nitro_core.errors import CheckpointCorrupt, ConfigError, arg
 from nitro_core.sources.grammar import Average, Pair, to_source
+from nitro_core.sources.remote import resolve_at
 from nitro_core.sources.resolve import Resolved, resolve
 from nitro_core.state.records import (
     FORMAT_VERSION,
@@ -43,6 +44,8 @@ from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
 from nitro_core.store.manifest import ManifestEntry
+from nitro_core.store.object_run import refuse_taken, write_new
+from nitro_core.store.objects import is_url, parse
 from nitro_core.store.reader import RecordFile
 from nitro_core.store.record_header import Tensor
 
@@ -58,8 +61,12 @@ class Averaged:
     averaged_from: dict[str, Any]
 
 
-def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averaged:
-    """Average the picked records' parameters (and their EMAs when all have one)."""
+def average(
+    resolved: Resolved, run_dir: Path, load_ema: bool = False, shown: str | None = None
+) -> Averaged:
+    """Average the picked records' parameters (and their EMAs when all have one), read in
+    ``run_dir`` (``shown``: the run directory as provenance names it, when that is not
+    ``run_dir``: an object-store run directory, whose records were copied down there)."""
     picked = resolved.picked
     state_meta = store.read_header(resolved.path, _expected(resolved.entry))
     layout = state_meta["layout"]
@@ -91,7 +98,7 @@ def average(resolved: Resolved, run_dir: Path, load_ema: bool = False) -> Averag
     averaged_from = {
         "spec": str(resolved.source),
         "run": picked[0].run,
-        "directory": str(run_dir),
+        "directory": shown or str(run_dir),
         "files": [e.file for e in picked],
         "epochs": [e.epoch for e in picked],
         "weights": [1.0 / count] * count,
@@ -319,9 +326,9 @@ def average_checkpoints(
     run_dir: str | Path, source: Any, save: str | Path | None = None
 ) -> Averaged:
     """Average the checkpoints ``source`` picks in ``run_dir`` (e.g. ``"latest =>
-    Average(Last(10))"``); with ``save``, also write the result as an ordinary record outside
-    the manifest (retention never deletes it), refusing to overwrite an existing file."""
-    run_dir = Path(run_dir)
+    Average(Last(10))"``; ``run_dir`` may be ``s3://bucket/prefix/run``); with ``save`` (a
+    path, or an ``s3://`` object), also write the result as an ordinary record outside the
+    manifest (retention never deletes it), refusing to overwrite an existing file."""
     src = to_source(source, "source")
     if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
         raise ConfigError(
@@ -329,11 +336,25 @@ def average_checkpoints(
             "'latest => Average(Last(10))'."
         )
     if save is not None:
-        refuse_existing(Path(save), "save=")
-    result = average(resolve(src, run_dir, manifest.read_manifest(run_dir)), run_dir)
+        refuse_new(save)
+    if is_url(run_dir):
+        resolved = resolve_at(src, parse(str(run_dir)))  # the picks copied down
+        result = average(resolved, resolved.path.parent, shown=str(parse(str(run_dir))))
+    else:
+        run_dir = Path(run_dir)
+        result = average(resolve(src, run_dir, manifest.read_manifest(run_dir)), run_dir)
     if save is not None:
-        write_averaged(result, Path(save))
+        write_new(save, "save=", lambda path: write_averaged(result, path))
     return result
+
+
+def refuse_new(save: str | Path) -> None:
+    """Refuse ``save=`` (a path or an ``s3://`` object) before any record is read, when it
+    exists or names no ``.safetensors`` file."""
+    if is_url(save):
+        refuse_taken(parse(str(save), "save"), "save=")
+    else:
+        refuse_existing(Path(save), "save=")
 
 
 def write_averaged(result: Averaged, path: Path, metrics: dict[str, float] | None = None) -> None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from nitro_core.errors import CheckpointNotFound
 from nitro_core.policy.deletion import DeletionPlan, plan_deletion
-from nitro_core.store import deletion
-from nitro_core.store.deletion import RemovedFile
+from nitro_core.store import deletion, object_run, objects
+from nitro_core.store.deletion import Removed, RemovedFile
 from nitro_core.store.manifest import Manifest, ManifestEntry
 
 
@@ -25,7 +25,7 @@ from nitro_core.store.manifest import Manifest, ManifestEntry
 class Deletion:
     """What a deletion removed, or with ``dry_run`` would remove."""
 
-    run_dir: Path
+    run_dir: PurePath  # a Path, or an object-store run directory (str: its URL)
     entries: tuple[ManifestEntry, ...]  # manifest entries dropped, their records with them
     runs: tuple[str, ...]  # runs dropped whole: their points and log too
     points: int  # points dropped with those runs
@@ -48,16 +48,25 @@ def delete_checkpoints(
 ) -> Deletion:
     """Delete a whole run (``run=``: its records, points and log), some records
     (``files=``: names as the manifest lists them; with ``run=`` each must be that run's), or
-    with neither every run of ``run_dir``. ``dry_run=True`` (the default) only reports what
+    with neither every run of ``run_dir``; ``run_dir`` may be ``s3://bucket/prefix/run``
+    (no lock there: a run being trained there is not detected). ``dry_run=True`` (the default) only reports what
     would go; pass ``dry_run=False`` to free the space."""
+    names = (files,) if isinstance(files, str) else None if files is None else tuple(files)
+    if objects.is_url(run_dir):  # the manifest object's conditional replace, then the objects
+        url = objects.parse(str(run_dir))
+        plan, removed = object_run.remove(url, partial(_decide, run, names, str(url)), dry_run)
+        return _deletion(url.shown(), plan, removed, dry_run)
     where = Path(run_dir)
     if not where.is_dir():
         raise CheckpointNotFound(
             f"Nothing to delete: {str(where)!r} is not a directory. Give a run directory, "
             "one that holds a manifest.json."
         )
-    names = (files,) if isinstance(files, str) else None if files is None else tuple(files)
     plan, removed = deletion.remove(where, partial(_decide, run, names, str(where)), dry_run)
+    return _deletion(where, plan, removed, dry_run)
+
+
+def _deletion(where: PurePath, plan: DeletionPlan, removed: Removed, dry_run: bool) -> Deletion:
     return Deletion(
         run_dir=where, entries=plan.entries, runs=plan.runs, points=plan.points,
         files=removed.files, missing=removed.missing, skipped=removed.skipped, dry_run=dry_run,

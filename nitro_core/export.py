@@ -11,12 +11,14 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from nitro_core.averaging import average
-from nitro_core.sources.grammar import Average, Pair
-from nitro_core.sources.resolve import resolve_in
+from nitro_core.sources.grammar import Average, Pair, PathSource
+from nitro_core.sources.remote import resolve_in
 from nitro_core.state.loading import WEIGHTS, read
 from nitro_core.state.records import FORMAT_VERSION, framework_version, model_layout, to_host
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
+from nitro_core.store.object_run import refuse_taken, write_new
+from nitro_core.store.objects import ObjectPath, is_url, parse
 
 
 @runtime_checkable
@@ -35,21 +37,27 @@ class Exportable(Protocol):
 
 def export_weights(
     nitro_or_source: Exportable | Any, path: str | Path, run_dir: str | Path | None = None
-) -> Path:
+) -> Path | ObjectPath:
     """Write parameters and layer state alone, under their state-dict names, so that
     ``model.load_state_dict(safetensors.torch.load_file(path))`` restores them. The header's
     ``nitro`` metadata holds the provenance: source file, ``averaged_from``, config, seed and
     framework version."""
-    path = Path(path)
-    refuse_existing(path, "Export path")
+    if is_url(path):
+        refuse_taken(parse(str(path), "path"), "Export path")
+    else:
+        refuse_existing(Path(path), "Export path")
     state, provenance, _ = weights_of(nitro_or_source, run_dir, "export_weights")
     provenance.update(
         kind="weights", format_version=FORMAT_VERSION, framework_version=framework_version()
     )
     tensors = {k: to_host(v) for k, v in state.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    store.write_record(path, tensors, provenance)
-    return path
+
+    def write(target: Path) -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        store.write_record(target, tensors, provenance)
+
+    written = write_new(path, "Export path", write)
+    return parse(written, "path").shown() if is_url(written) else Path(written)
 
 
 def weights_of(
@@ -86,10 +94,11 @@ def _from_source(
         call + "({src}, ...)",
         call + "({src}, " + target + ", run_dir='runs/MyExp')",
     )
-    run_dir = resolved.path.parent if run_dir is None else Path(run_dir)
+    shown = _remote(src, run_dir)  # an object-store run directory: its records copied down
+    local = resolved.path.parent if run_dir is None or shown else Path(run_dir)
     averaged_from: dict[str, Any] | None
     if isinstance(src, Pair) and isinstance(src.pick, Average):
-        result = average(resolved, run_dir)
+        result = average(resolved, local, shown=shown)
         meta, state, averaged_from = result.meta, result.state, result.averaged_from
     else:
         record = read(resolved, WEIGHTS)  # the optimizer's bytes stay unread
@@ -98,7 +107,7 @@ def _from_source(
     return (
         state,
         {
-            "source_file": str(resolved.path),
+            "source_file": f"{shown}/{resolved.path.name}" if shown else str(resolved.path),
             "averaged_from": averaged_from,
             "experiment": meta.get("experiment"),
             "config": meta.get("config"),
@@ -109,3 +118,12 @@ def _from_source(
         },
         meta,
     )
+
+
+def _remote(src: Any, run_dir: str | Path | None) -> str | None:
+    """The URL of the object-store run directory a source is read from, or None (a disk)."""
+    if run_dir is not None:
+        return str(parse(str(run_dir))) if is_url(run_dir) else None
+    if isinstance(src, PathSource) and is_url(src.path):
+        return str(parse(src.path, "source").parent)
+    return None

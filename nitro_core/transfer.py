@@ -17,7 +17,7 @@ from nitro_core.errors import CheckpointMissing
 from nitro_core.policy import retention
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.sources.grammar import parse_keep
-from nitro_core.store import manifest, object_run, objects
+from nitro_core.store import manifest, object_run, objects, shards
 from nitro_core.store.manifest import Manifest, ManifestEntry
 from nitro_core.store.reader import RecordFile
 
@@ -39,8 +39,11 @@ def push(run_dir: str | Path, to: str) -> list[ManifestEntry]:
         if (entry.run, entry.digest) in there:
             continue
         path = source / entry.file
-        with RecordFile(path, entry.expected) as record:
-            record.verify()  # no corrupted byte is copied
+        if object_run.is_directory(entry.file):  # a record directory (FSDP): every shard
+            shards.verify(path, entry.expected)
+        else:
+            with RecordFile(path, entry.expected) as record:
+                record.verify()  # no corrupted byte is copied
         committed = object_run.publish(target, path, entry, _retention(entry))
         if committed is not None:
             pushed.append(committed)

@@ -104,7 +104,7 @@ def _verify_objects(url: objects.ObjectUrl) -> list[Checked]:
     for record, entry in pairs:
         with tempfile.TemporaryDirectory(prefix="nitro-verify-") as tmp:
             try:
-                local = object_run.fetch(record, Path(tmp))
+                local = object_run.fetch_entry(record.parent, entry, Path(tmp))
             except CheckpointMissing as exc:
                 out.append(Checked(file=record.name, listed=True, ok=False, bytes=0, sections=[],
                                    problem=str(exc)))  # fmt: skip

@@ -23,6 +23,7 @@ from nitro_core.experiment import Experiment, config_of, host_fields
 from nitro_core.jobs import JobManager, JobStatus
 from nitro_core.jobs.calls import nothing_to_train, train_arguments
 from nitro_core.sources.grammar import Source
+from nitro_core.store.objects import is_url, parse
 from nitro_mcp.record_fit import model_shapes, record_shapes, registered_name
 from nitro_mcp.refusals import for_tool
 from nitro_mcp.tool_calls import tool_call, value
@@ -36,7 +37,7 @@ WARNING_CHARS = 400
 
 
 def from_record(
-    cls: type[E], source: Source, run_dir: Path, overrides: Mapping[str, Any] | None
+    cls: type[E], source: Source, run_dir: Path | str, overrides: Mapping[str, Any] | None
 ) -> tuple[E, list[str], Path]:
     """``cls`` built from the config of the record ``source`` names (an ``Average``: its
     state record), with ``overrides`` on top; the warnings naming each difference; and the
@@ -178,17 +179,23 @@ def check_something_to_train(point: ResumePoint, exp: Experiment, args: dict[str
         raise nothing_to_train(args, str(point.meta.get("run", "?")), epoch, exp.max_epochs)
 
 
-def busy_job(jobs: JobManager, where: Path) -> JobStatus | None:
-    """The newest queued or running train job of ``where``, if any."""
-    target = where.resolve()
+def busy_job(jobs: JobManager, where: Path | str) -> JobStatus | None:
+    """The newest queued or running train job of ``where`` (a path, or an object-store
+    run directory's URL), if any."""
     for status in jobs.live():  # the queued and running jobs, newest first
         if (
             status.kind == "train"
             and status.state in ("queued", "running")
-            and Path(status.run_dir).resolve() == target
+            and _same_place(status.run_dir, where)
         ):
             return status
     return None
+
+
+def _same_place(a: str, b: Path | str) -> bool:
+    if is_url(a) or is_url(str(b)):  # URLs compare as written (parsed: one spelling)
+        return is_url(a) and is_url(str(b)) and str(parse(a)) == str(parse(str(b)))
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def refuse_busy(job: JobStatus, args: dict[str, Any]) -> ConfigError:
@@ -204,7 +211,11 @@ def refuse_busy(job: JobStatus, args: dict[str, Any]) -> ConfigError:
 
 
 def average_experiment(
-    experiment: str | None, source: Source, where: Path, registry: Mapping[str, Any], run_dir: str
+    experiment: str | None,
+    source: Source,
+    where: Path | str,
+    registry: Mapping[str, Any],
+    run_dir: str,
 ) -> str:
     """The experiment an average is validated in: the one named, else the one its state
     record was written by, when that is registered."""

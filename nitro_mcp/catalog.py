@@ -27,6 +27,7 @@ from nitro_core.sources.grammar import PathSource, Source, to_source
 from nitro_core.store import manifest, metrics_log
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point
 from nitro_core.store.manifest_file import MANIFEST_NAME
+from nitro_core.store.objects import ObjectUrl, is_url
 from nitro_core.store.record_header import read_header
 from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
@@ -454,10 +455,16 @@ class HFOptions:
 
 
 def export(
-    root: Path, source: str, path: str, run_dir: str | None, hf: HFOptions | None = None
+    root: Path,
+    source: str,
+    path: str,
+    run_dir: str | None,
+    hf: HFOptions | None = None,
+    url: ObjectUrl | None = None,
 ) -> models.ExportResult:
     """Write a checkpoint's weights (parameters and layer state) to a new file in the root,
-    or with ``hf`` to a new Hugging Face model directory."""
+    or with ``hf`` to a new Hugging Face model directory. ``url``: the run directory is on
+    object storage (``run_dir`` its URL, confined by the caller)."""
     target = inside_root(root, path, "path")
     example = "e.g. path='exports/model-hf'" if hf else "e.g. path='exports/model.safetensors'"
     if hf is None and target.suffix != ".safetensors":
@@ -473,8 +480,13 @@ def export(
             f"path={clip(path)} already exists; Nitro never overwrites it. Choose a new name."
         )
     src = to_source(source, "source")
-    if isinstance(src, PathSource):
-        base = directory_inside_root(root, run_dir, "run_dir") if run_dir else root
+    where: Path | str
+    if url is not None and (
+        not isinstance(src, PathSource) or is_url(src.path) or "/" not in src.path.rstrip("/")
+    ):  # a pair, or a record of the object-store run directory (by its name or its URL)
+        where = str(url)
+    elif isinstance(src, PathSource):
+        base = directory_inside_root(root, run_dir, "run_dir") if run_dir and not url else root
         candidates = [inside_root(root, str(b / src.path), "source") for b in (root, base)]
         found = next((p for p in candidates if p.exists()), candidates[-1])  # file or record dir
         src, where = replace(src, path=str(found)), found.parent  # an hf: directory stays one
@@ -495,6 +507,7 @@ def export(
     from nitro_core.export import export_weights  # lazy: it imports torch
 
     written = export_weights(src, target, run_dir=where)
+    assert isinstance(written, Path)  # the target is a path inside the root
     meta = read_header(written)
     averaged = meta.get("averaged_from") or {}
     return models.ExportResult(
@@ -508,7 +521,7 @@ def export(
 
 
 def _export_hf(
-    root: Path, src: Source, target: Path, where: Path, options: HFOptions
+    root: Path, src: Source, target: Path, where: Path | str, options: HFOptions
 ) -> models.ExportResult:
     from nitro_core.hf_export import export_hf_using  # lazy: it imports torch
 

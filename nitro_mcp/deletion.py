@@ -16,6 +16,7 @@ from typing import TypeGuard
 from nitro_core.deletion import Deletion, delete_checkpoints
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError, TrainingRefused
 from nitro_core.jobs import JobManager, JobStatus
+from nitro_core.store.objects import ObjectUrl, is_url
 from nitro_mcp import models
 from nitro_mcp.catalog import RUN_ID, holds_manifest
 from nitro_mcp.echo import clip, clip_text
@@ -35,11 +36,15 @@ def delete(
     run: str | None,
     files: list[str] | None,
     dry_run: bool,
+    url: ObjectUrl | None = None,
 ) -> models.DeleteResult:
     """Delete a run or some records of a run directory (a dry run by default), refused while
-    a queued or running job of this root uses the directory."""
-    where = directory_inside_root(root, run_dir, "run_dir")
-    if not holds_manifest(where):
+    a queued or running job of this root uses the directory. ``url``: the run directory is
+    on object storage (``run_dir`` its URL, confined by the caller)."""
+    where: Path | ObjectUrl = (
+        url if url is not None else directory_inside_root(root, run_dir, "run_dir")
+    )
+    if isinstance(where, Path) and not holds_manifest(where):
         raise CheckpointNotFound(
             f"run_dir={clip(run_dir)} holds no manifest.json, so nothing there is Nitro's to "
             f"delete; nitro_runs(run_dir={clip(run_dir)}) lists the run directories below it."
@@ -66,16 +71,21 @@ def delete(
             f"it with nitro_stop(job_id='{blocker.job_id}') or wait for its end with {follow}, "
             "then call nitro_delete again."
         )
-    done = delete_checkpoints(where, run, files, dry_run)
+    done = delete_checkpoints(str(where), run, files, dry_run)
     return _deletion_result(root, done, run_dir, run, files)
 
 
-def _job_using(root: Path, jobs: JobManager, where: Path) -> JobStatus | None:
+def _job_using(root: Path, jobs: JobManager, where: Path | ObjectUrl) -> JobStatus | None:
     """A queued or running job whose run directory is ``where`` (first), else one whose path
     source names a file inside it."""
     live = jobs.live()  # the queued and running jobs, from the index
+    if isinstance(where, ObjectUrl):  # by its URL, or a record under it
+        for status in live:
+            if status.run_dir == str(where):
+                return status
+        return None
     for status in live:
-        if Path(status.run_dir).resolve() == where:
+        if not is_url(status.run_dir) and Path(status.run_dir).resolve() == where:
             return status
     for status in live:
         try:
@@ -86,7 +96,7 @@ def _job_using(root: Path, jobs: JobManager, where: Path) -> JobStatus | None:
             getattr(spec.call, k, None) for k in ("weights", "resume", "source", "restore_best")
         ):
             if _is_path(text):  # a record file or a record directory
-                for base in (root, Path(spec.run_dir)):
+                for base in (root, Path(spec.run_dir)) if not is_url(spec.run_dir) else (root,):
                     if where in (base / text).resolve().parents:
                         return status
     return None
@@ -112,7 +122,7 @@ def _deletion_result(
         for f in done.files[:SHOWN_FILES]
     ]
     listed = listed[: fit(listed, SHOWN_FILES, FILES_BUDGET)]  # long names: fewer of them
-    where = shown(root, done.run_dir)
+    where = shown(root, str(done.run_dir))
     args = f"run_dir={where!r}" + (f", run={run!r}" if run is not None else "")
     if files is not None:
         named = f", files={files!r}"

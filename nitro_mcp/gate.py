@@ -24,14 +24,16 @@ from nitro_core.jobs import JobManager, JobStatus
 from nitro_core.jobs.call_models import SlurmOptions
 from nitro_core.jobs.files import TERMINAL, JobSpec
 from nitro_core.registry import Registry, lookup
+from nitro_core.sources import remote
 from nitro_core.sources.grammar import PathSource, Source
 from nitro_core.sources.resolve import resolve
-from nitro_core.store import manifest
+from nitro_core.store import manifest, objects
+from nitro_core.store.objects import ObjectUrl
 from nitro_mcp import following, models
 from nitro_mcp.arguments import coerce_overrides
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.experiments import IMPORT_TIMEOUT_S, ExperimentModules
-from nitro_mcp.paths import directory_inside_root, inside_root, shown
+from nitro_mcp.paths import directory_inside_root, inside_root, shown, under_storage
 from nitro_mcp.tool_calls import after_end, after_failure
 
 Progress = Callable[[float, float | None, str | None], Awaitable[None]]
@@ -52,8 +54,13 @@ class Gate:
         executor: str = "local",
         slurm_options: SlurmOptions | None = None,
         warm: bool = False,
+        storage: str | None = None,
+        any_storage: bool = False,
     ) -> None:
         self.root = Path(root).resolve()
+        # object storage: every URL under storage (nitro serve --storage), or any (a CLI's)
+        self.storage = objects.parse(storage, "--storage") if storage else None
+        self.any_storage = any_storage
         self._experiments = ExperimentModules(
             self.root, tuple(experiment_modules), import_timeout_s
         )
@@ -117,6 +124,27 @@ class Gate:
         default = f"runs/{experiment.rsplit('.', 1)[-1]}"
         return directory_inside_root(self.root, run_dir or default, "run_dir")
 
+    def storage_url(self, text: object, what: str = "run_dir") -> ObjectUrl | None:
+        """The object-store URL ``text`` names, confined under the server's ``--storage``;
+        None when ``text`` is not a URL (a path: checked against the root by the caller)."""
+        if not isinstance(text, str) or not objects.is_url(text):
+            return None
+        if self.any_storage:  # at a terminal every URL the user names is theirs to name
+            return objects.parse(text, what)
+        return under_storage(self.storage, text, what)
+
+    def rooted_at(self, source: Source, url: ObjectUrl, keyword: str) -> Source:
+        """A path source of a call whose run directory is the object-store ``url``: a
+        record's name there (kept as it is), a URL under the storage, or a local path
+        inside the root (made absolute)."""
+        if not isinstance(source, PathSource) or not source.path.strip():
+            return source
+        if self.storage_url(source.path, keyword) is not None:
+            return source
+        if Path(source.path).is_absolute() or "/" in source.path.rstrip("/"):
+            return replace(source, path=str(inside_root(self.root, source.path, keyword)))
+        return source  # a record of the run directory, by its name
+
     def existing_dir(self, run_dir: str) -> Path:
         where = directory_inside_root(self.root, run_dir, "run_dir")
         if not where.is_dir():
@@ -137,9 +165,15 @@ class Gate:
         found = next((p for p in candidates if p.exists()), candidates[0])  # a file or record dir
         return replace(source, path=str(found))  # an hf: directory stays one
 
-    def check_source(self, source: Source, run_dir: Path, keyword: str) -> Path:
+    def check_source(self, source: Source, run_dir: Path | str, keyword: str) -> Path:
         """Resolve a source against the manifest now, so a call that can never succeed is
-        answered at once; the record it names (an average's: its state record)."""
+        answered at once; the record it names (an average's: its state record). In an
+        object-store run directory (``run_dir`` its URL) that record is copied down, and
+        the path is its copy's."""
+        url = self.storage_url(str(run_dir)) if isinstance(run_dir, str) else None
+        if url is not None:
+            return remote.resolve_at(self.rooted_at(source, url, keyword), url, picks=False).path
+        run_dir = Path(run_dir)
         rooted = self.rooted(source, run_dir, keyword)
         return resolve(rooted, run_dir, manifest.read_manifest(run_dir)).path
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import overload
 
 from nitro_core.errors import ConfigError
+from nitro_core.store.objects import ObjectUrl, is_url, parse
 from nitro_mcp.echo import clip
 
 STATE_DIR = ".nitro"
@@ -40,6 +41,13 @@ def inside_root(root: Path, text: str, what: str) -> Path:
         raise ConfigError(
             f"{what}={clip(text)} is not a path; give a path inside the server's root, {example(what)}."
         )
+    if is_url(text):  # never a relative path "s3:/..." inside the root
+        raise ConfigError(
+            f"{what}={clip(text)} is a URL, and {what} takes a path here; give a path inside "
+            f"the server's root, {example(what)}. (Run directories on object storage are taken "
+            "as run_dir of nitro_train, nitro_validate, average and nitro_manifest, under the "
+            "server's --storage.)"
+        )
     _check_lengths(text, what)
     candidate = Path(text)
     try:
@@ -63,6 +71,28 @@ def inside_root(root: Path, text: str, what: str) -> Path:
         )
     _check_lengths(str(resolved), what, echo=text)
     return resolved
+
+
+def under_storage(storage: ObjectUrl | None, text: str, what: str) -> ObjectUrl:
+    """The object-store URL ``text``, refused unless it lies under ``storage`` (the server's
+    ``--storage s3://bucket/prefix``: every URL a client names is confined under it, as every
+    path is under the root), by whole key segments."""
+    if storage is None:
+        raise ConfigError(
+            f"{what}={clip(text)} is on object storage, which this server was not started "
+            f"with; give a path inside the server's root, {example(what)}, or start the server "
+            "with nitro serve --storage s3://bucket/prefix to allow URLs under that prefix."
+        )
+    url = parse(text, what)
+    inside = url.bucket == storage.bucket and (
+        not storage.key or url.key == storage.key or url.key.startswith(storage.key + "/")
+    )
+    if not inside:
+        raise ConfigError(
+            f"{what}={clip(text)} lies outside the server's storage {str(storage)!r}; give a "
+            f"URL under it, e.g. {what}='{storage.child('runs/Classifier')}'."
+        )
+    return url
 
 
 def directory_inside_root(root: Path, text: str, what: str) -> Path:
@@ -103,6 +133,8 @@ def shown(root: Path, path: Path | str | None) -> str | None:
     """A path as the client should see it: relative to the root when inside it."""
     if path is None:
         return None
+    if is_url(str(path)):  # an object-store URL is shown as it is
+        return str(path)
     p = Path(path)
     try:
         return str(p.resolve().relative_to(root))

@@ -47,15 +47,18 @@ def build_server(
     executor: str = "local",
     slurm_options: SlurmOptions | None = None,
     warm_worker: bool = True,
+    storage: str | None = None,
 ) -> MCPServer:
     """The Nitro MCP server over ``root``: every path resolves inside it. ``max_jobs``
     trainings and, in slots of their own, ``max_eval_jobs`` validations and averages run at
     once; an experiment module's import may take ``import_timeout_s`` seconds.
-    ``warm_worker``: validations and averages run in one warm worker (torch imported once)."""
+    ``warm_worker``: validations and averages run in one warm worker (torch imported once).
+    ``storage`` (``s3://bucket/prefix``): run directories on object storage under it are
+    taken too, every URL confined under it as every path is under ``root``."""
     gate = Gate(
         Path(root), max_jobs=max_jobs, experiment_modules=tuple(experiment_modules),
         max_eval_jobs=max_eval_jobs, import_timeout_s=import_timeout_s,
-        executor=executor, slurm_options=slurm_options, warm=warm_worker,
+        executor=executor, slurm_options=slurm_options, warm=warm_worker, storage=storage,
     )  # fmt: skip
     server = NitroServer(  # its tool listing is trimmed for agents
         "nitro", instructions=INSTRUCTIONS, version=__version__, lifespan=_watch_queue(gate)

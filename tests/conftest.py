@@ -14,6 +14,16 @@ import torch
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """A SeaweedFS server (tests/s3_server.py) for every test that needs object storage,
+    started once, on first use, and stopped by its pid at the end of the session."""
+    from tests.s3_server import seaweedfs
+
+    with seaweedfs() as url:
+        yield url
+
+
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -37,7 +37,30 @@ def settings(endpoint: str) -> dict[str, str]:
 
 @contextmanager
 def seaweedfs() -> Iterator[str]:
-    """Run a SeaweedFS server with its S3 gateway; yields the endpoint URL."""
+    """Run a SeaweedFS server with its S3 gateway; yields the endpoint URL. A port taken
+    between choosing it and the server's bind (another process on a busy machine) starts it
+    again on other ports, up to 3 times."""
+    for attempt in range(3):
+        try:
+            server = _seaweedfs()
+            endpoint = server.__enter__()
+        except _PortTaken:
+            if attempt == 2:
+                raise
+            continue
+        try:
+            yield endpoint
+        finally:
+            server.__exit__(None, None, None)
+        return
+
+
+class _PortTaken(RuntimeError):
+    pass
+
+
+@contextmanager
+def _seaweedfs() -> Iterator[str]:
     beside = Path(sys.executable).parent / "weed"  # the wheel's script, in this environment
     weed = str(beside) if beside.exists() else shutil.which("weed")
     if weed is None:
@@ -87,7 +110,9 @@ def _wait_ready(endpoint: str, proc: subprocess.Popen[bytes], log: Path) -> None
     last: Exception | None = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"weed exited ({proc.returncode}): {log.read_text()[-3000:]}")
+            text = log.read_text()
+            kind = _PortTaken if "address already in use" in text else RuntimeError
+            raise kind(f"weed exited ({proc.returncode}): {text[-3000:]}")
         try:
             client.create_bucket(Bucket="nitro-ready")
             client.put_object(Bucket="nitro-ready", Key="probe", Body=b"ok")

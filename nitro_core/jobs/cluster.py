@@ -22,7 +22,8 @@ from nitro_core.jobs import slurm
 from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import EngineReport, JobSpec, JobStatus, note_event, read_status
 from nitro_core.jobs.status import compare_and_set, update_status_if
-from nitro_core.store.manifest import now_iso, read_manifest
+from nitro_core.store.listing import read_manifest
+from nitro_core.store.manifest import now_iso
 
 
 def start(directory: Path, spec: JobSpec, root: Path) -> None:
@@ -128,7 +129,7 @@ def stop(directory: Path, status: JobStatus, force: bool) -> JobStatus:
 def _last_record(status: JobStatus) -> tuple[str, str | None] | None:
     """The file and stop reason of the job's run's last committed record, if any."""
     try:
-        entries = read_manifest(Path(status.run_dir))
+        entries = read_manifest(status.run_dir)  # a path, or an object-store URL
     except Exception:  # an unreadable manifest names no record; the job is lost either way
         return None
     mine = [e for e in entries if status.run_id is None or e.run == status.run_id]

@@ -52,8 +52,8 @@ from nitro_core.jobs.files import (
 )
 from nitro_core.jobs.manager import JobManager
 from nitro_core.jobs.status import update_status, update_status_if
-from nitro_core.store.claims import refuse_existing
-from nitro_core.store.manifest import now_iso, read_manifest
+from nitro_core.store.listing import read_manifest
+from nitro_core.store.manifest import now_iso
 
 if TYPE_CHECKING:
     from nitro_core.training.progress import Snapshot
@@ -361,17 +361,19 @@ def average_job(
     averaged twice), then saved; the saved header carries the average's own validation
     metrics (of the "val" split), or none."""
     from nitro_core import Nitro  # lazy: torch
-    from nitro_core.averaging import average_checkpoints, write_averaged  # lazy: torch
+    from nitro_core.averaging import (  # lazy: torch
+        average_checkpoints,
+        refuse_new,
+        write_averaged,
+    )
+    from nitro_core.store.object_run import write_new  # lazy: with averaging
 
-    saved = Path(call.save) if call.save else None
+    saved = call.save  # a path, or an object-store URL
     if saved is not None:
-        refuse_existing(saved, "save=")  # before any record is read
+        refuse_new(saved)  # before any record is read
     phase("averaging")
     averaged = average_checkpoints(**call.average_kwargs())
-    result: dict[str, Any] = {
-        "averaged_from": averaged.averaged_from,
-        "saved": str(saved) if saved else None,
-    }
+    result: dict[str, Any] = {"averaged_from": averaged.averaged_from, "saved": saved}
     metrics = None
     if call.validate_average and not stopped():  # the average stands either way
         phase("validating")
@@ -384,7 +386,7 @@ def average_job(
             scratch.unlink(missing_ok=True)
         metrics = result["metrics"] if call.split == "val" else None  # the header's split
     if saved is not None:
-        write_averaged(averaged, saved, metrics)
+        write_new(saved, "save=", lambda path: write_averaged(averaged, path, metrics))
     return result
 
 
@@ -432,9 +434,18 @@ def _validate(spec: JobSpec, call: ValidateCall, directory: Path, stop: _Stop) -
     return {
         "metrics": n.evaluate(call.split),
         "split": call.split,
-        "checkpoint": str(n.checkpoint_source),
+        "checkpoint": _shown_record(n),
         "averaged_from": n.averaged_from,
     }
+
+
+def _shown_record(n: Any) -> str:
+    """The record a handle loaded, as its run directory names it: on object storage its URL
+    (the handle read a copy in the staging directory)."""
+    source = n.checkpoint_source
+    if n.storage is not None and source is not None and source.parent == n.run_dir:
+        return f"{n.storage}/{source.name}"
+    return str(source)
 
 
 def _train(
@@ -493,7 +504,8 @@ def _train(
 
     n.train(on_epoch=on_epoch, on_progress=_progress_writer(directory) if report else None)
     n.close()  # and the process group, when the handle made it
-    kept = [e.model_dump() for e in read_manifest(n.run_dir) if e.run == n.run_id]
+    listed = read_manifest(str(n.storage) if n.storage is not None else n.run_dir)
+    kept = [e.model_dump() for e in listed if e.run == n.run_id]
     result = {
         "run_id": n.run_id,
         "stop_reason": n.stop_reason,
@@ -565,7 +577,7 @@ def _state_field(directory: Path, name: str) -> Any:
 
 def _entries(spec: JobSpec) -> list[Any]:
     try:
-        return read_manifest(Path(spec.run_dir))
+        return read_manifest(spec.run_dir)
     except (OSError, NitroError):
         return []
 

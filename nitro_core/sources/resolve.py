@@ -13,7 +13,6 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from nitro_core.errors import (
     CheckpointerFix,
@@ -27,7 +26,7 @@ from nitro_core.policy import retention
 from nitro_core.policy.ranked import ranked
 from nitro_core.policy.retention import Pair as ScorePair
 from nitro_core.sources import selection
-from nitro_core.sources.grammar import Average, HFDirectory, Pair, PathSource, Source, to_source
+from nitro_core.sources.grammar import Average, HFDirectory, Pair, PathSource, Source
 from nitro_core.store import manifest
 from nitro_core.store.atomic import TMP_SUFFIX
 from nitro_core.store.manifest import ManifestEntry, Point
@@ -151,25 +150,6 @@ def _refusal(
         CheckpointerFix(f"keep=({base}, {avg.selector.keep_for()})"),
         ".",
     )
-
-
-def resolve_in(
-    source: Any, run_dir: str | Path | None, call: str, fix: str
-) -> tuple[Source, Resolved]:
-    """Parse ``source`` and resolve it in ``run_dir`` (a path source needs none: its own
-    directory is used). ``call`` and ``fix`` are the caller's call as written and as it
-    should be, with ``{src}`` for the source, for the refusal when ``run_dir`` is missing."""
-    src = to_source(source, "source")
-    if run_dir is None:
-        if not isinstance(src, PathSource):
-            shown = repr(str(src))
-            raise ConfigError(
-                f"{call.format(src=shown)} needs run_dir= to find the run; write "
-                f"{fix.format(src=shown)}."
-            )
-        run_dir = Path(src.path).parent
-    run_dir = Path(run_dir)
-    return src, resolve(src, run_dir, manifest.read_manifest(run_dir))
 
 
 def pick_best(

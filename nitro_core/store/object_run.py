@@ -16,13 +16,16 @@ exactly as on a disk.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
+import shutil
 import struct
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,10 +37,13 @@ from nitro_core.errors import (
     Lister,
     ObjectStoreError,
 )
-from nitro_core.store import record_header
+from nitro_core.store import digest, objects, record_header
+from nitro_core.store.claims import refuse_existing
+from nitro_core.store.deletion import Doomed, Removed, RemovedFile
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point, parse_manifest
 from nitro_core.store.manifest_file import MANIFEST_NAME
 from nitro_core.store.objects import Bucket, ObjectUrl, bucket
+from nitro_core.store.shard_header import HEADER_NAME
 
 T = TypeVar("T")
 ATTEMPTS = 100  # conditional replaces tried before a contended manifest is given up
@@ -82,8 +88,17 @@ def staging(run: ObjectUrl) -> Path:
 
 def fetch_entry(storage: ObjectUrl, entry: ManifestEntry, into: Path) -> Path:
     """A fresh local copy of the listed record ``entry`` in ``into`` (its readers check it
-    against the manifest's digest as they read)."""
+    against the manifest's digest as they read): a record file, or a record directory
+    (``header.json`` and the shards it names)."""
+    if is_directory(entry.file):
+        return fetch_directory(storage.child(entry.file), into)
     return fetch(storage.child(entry.file), into)
+
+
+def is_directory(name: str) -> bool:
+    """Whether a listed name is a record directory (several processes wrote it: a prefix
+    holding ``header.json`` and one shard per rank) rather than a record file."""
+    return not name.endswith(".safetensors")
 
 
 def commit(run: ObjectUrl, change: Callable[[Manifest], T]) -> T:
@@ -114,12 +129,9 @@ def upload(run: ObjectUrl, local: Path, name: str, run_id: str) -> str:
     else ``name`` with ``-run-<id>`` (and a counter) inserted, as a disk does when another
     run holds a name. The object is whole or absent; the manifest does not list it yet."""
     store = bucket(run)
-    stem, dot, suffix = name.rpartition(".")
-    if not dot:
-        raise ConfigError(
-            f"{name!r} is a record directory (several processes wrote it); sharded records on "
-            "object storage are not supported yet: push a run written by one process."
-        )
+    if is_directory(name):
+        return _upload_directory(run, local, name, run_id)
+    stem, _, suffix = name.rpartition(".")
     size = local.stat().st_size
     candidates = [name] + [f"{stem}-run-{run_id}{f'-{k}' if k else ''}.{suffix}" for k in range(8)]
     for candidate in candidates:
@@ -129,6 +141,171 @@ def upload(run: ObjectUrl, local: Path, name: str, run_id: str) -> str:
         f"Every name tried for {name!r} in {str(run)!r} is taken by an object already; "
         "delete the objects the manifest does not list (nitro verify names them) and retry."
     )
+
+
+def refuse_taken(url: ObjectUrl, what: str) -> None:
+    """Refuse ``url`` as the name of a new file (an export, a saved average) when it does
+    not end in ``.safetensors``, names the manifest, or an object has it already."""
+    if not url.name.endswith(".safetensors"):
+        raise ConfigError(
+            f"{what} {str(url)!r} must name a .safetensors object (sources find records by that "
+            "suffix), e.g. 's3://my-bucket/runs/avg10.safetensors'."
+        )
+    if bucket(url).size(url.key) is not None:
+        raise ConfigError(
+            f"{what} {str(url)!r} already exists; Nitro never overwrites an object. Choose a "
+            "new name, or delete the old object first."
+        )
+
+
+def put_new(url: ObjectUrl, local: Path, what: str) -> None:
+    """Upload the file ``local`` as the new object ``url``, outside any manifest (an export,
+    a saved average: never listed, so never read as a record of a run directory), whole or
+    not at all; refused when an object has that name by now."""
+    if not bucket(url).upload_new(url.key, str(local), local.stat().st_size):
+        raise ConfigError(
+            f"{what} {str(url)!r} was created by another writer meanwhile; Nitro never "
+            "overwrites an object. Choose a new name."
+        )
+
+
+def write_new(target: str | Path, what: str, write: Callable[[Path], None]) -> str:
+    """Write a new file at ``target``, a local path or an ``s3://`` object, by calling
+    ``write(path)``: locally at ``target``; for an object in a private temporary directory,
+    then :func:`put_new`. Refused before anything is written when ``target`` exists (or
+    names no ``.safetensors`` file). Returns ``target`` as written (the URL, or the path)."""
+    if not objects.is_url(target):
+        path = Path(target)
+        refuse_existing(path, what)
+        write(path)
+        return str(path)
+    url = objects.parse(str(target), what.split()[0].rstrip("="))
+    refuse_taken(url, what)
+    with tempfile.TemporaryDirectory(prefix="nitro-put-") as tmp:
+        local = Path(tmp) / url.name
+        write(local)
+        put_new(url, local, what)
+    return str(url)
+
+
+def _upload_directory(run: ObjectUrl, local: Path, name: str, run_id: str) -> str:
+    """Upload the record directory ``local`` under a fresh prefix (no object under it): each
+    shard as a new object, ``header.json`` last; a name taken meanwhile moves on to the
+    next candidate (what was sent under it is never listed)."""
+    header = (local / HEADER_NAME).read_bytes()
+    shards = sorted(p.name for p in local.iterdir() if p.name != HEADER_NAME)
+    store = bucket(run)
+    for candidate in [name] + [f"{name}-run-{run_id}{f'-{k}' if k else ''}" for k in range(8)]:
+        if not fresh_prefix(run, candidate):
+            continue
+        prefix = run.child(candidate)
+        sent = all(
+            store.upload_new(prefix.child(f).key, str(local / f), (local / f).stat().st_size)
+            for f in shards
+        )
+        if sent and store.create(prefix.child(HEADER_NAME).key, header) is not None:
+            return candidate
+    raise ObjectStoreError(
+        f"Every name tried for {name!r} in {str(run)!r} holds objects already; delete the "
+        "objects the manifest does not list (nitro verify names them) and retry."
+    )
+
+
+# -- record directories written by several processes (FSDP) ------------------------------------
+def fresh_prefix(run: ObjectUrl, name: str) -> bool:
+    """Whether no object lies under ``<run>/<name>/`` (a record directory's name is claimed
+    only where nothing was ever sent)."""
+    return not bucket(run).keys(run.child(name).key + "/", limit=1)
+
+
+def upload_shard(run: ObjectUrl, name: str, local: Path) -> None:
+    """One rank's shard of the record directory ``name``, written and hashed at ``local``:
+    sent as a new object under the record's prefix (never over another), then removed."""
+    target = run.child(name).child(local.name)
+    if not bucket(run).upload_new(target.key, str(local), local.stat().st_size):
+        raise ObjectStoreError(
+            f"{str(target)!r} exists already: another writer sent a record under the name "
+            f"{name!r} meanwhile. Nothing was listed; continue with resume='auto'."
+        )
+    local.unlink()
+
+
+def seal_directory(run: ObjectUrl, name: str, header: bytes, shards: list[str]) -> int:
+    """Rank 0, once every rank's shard is up: send ``header.json`` (naming each shard's
+    digest) as a new object; the record directory's bytes (its objects' sizes summed). It
+    counts only once the manifest lists it."""
+    store, prefix = bucket(run), run.child(name)
+    sizes = [store.size(prefix.child(f).key) for f in shards]
+    if any(size is None for size in sizes):
+        missing = shards[sizes.index(None)]
+        raise ObjectStoreError(
+            f"{str(prefix.child(missing))!r} is missing though its rank sent it: the record "
+            f"{name!r} is incomplete and is not listed. Continue with resume='auto'."
+        )
+    if store.create(prefix.child(HEADER_NAME).key, header) is None:
+        raise ObjectStoreError(
+            f"{str(prefix.child(HEADER_NAME))!r} exists already: another writer sent a record "
+            f"under the name {name!r} meanwhile. Nothing was listed; continue with resume='auto'."
+        )
+    return len(header) + sum(size or 0 for size in sizes)
+
+
+def fetch_directory(record: ObjectUrl, into: Path) -> Path:
+    """Copy the listed record directory down into ``into``: ``header.json`` and the shards
+    it names (its readers check every file against it, and it against the manifest). Ranks
+    of one machine share the copy: one takes it (under a lock), the others find it whole."""
+    store = bucket(record)
+    got = store.get(record.child(HEADER_NAME).key)
+    if got is None:
+        raise _gone(record)
+    try:
+        shards = json.loads(got.body)["shards"]
+        names = [str(n) for n in shards]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise record_header.unreadable(record.shown(), exc) from None
+    if any("/" in n or n in ("", ".", "..", HEADER_NAME) for n in names):
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(record)!r}: its {HEADER_NAME} names a shard {names!r} that is "
+            "not a file name. Load another checkpoint."
+        )
+    into.mkdir(parents=True, exist_ok=True)
+    target = into / record.name
+    with _fetch_lock(into / f".{record.name}.fetch.lock"):
+        if _whole(target, got.body, names):
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{record.name}.fetch-", dir=into))
+        try:
+            (tmp / HEADER_NAME).write_bytes(got.body)
+            for name in names:
+                fetch(record.child(name), tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+def _whole(target: Path, header: bytes, names: list[str]) -> bool:
+    """Whether ``target`` is a copy of the record directory whose ``header.json`` is
+    ``header`` with every shard it names (their bytes are checked as they are read)."""
+    try:
+        return (target / HEADER_NAME).read_bytes() == header and all(
+            (target / n).is_file() for n in names
+        )
+    except OSError:
+        return False
+
+
+@contextmanager
+def _fetch_lock(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 Retention = Callable[[list[ManifestEntry]], set[str]]  # entries -> the files it unlists
@@ -143,9 +320,16 @@ def publish(
     at once. The
     objects retention unlisted are deleted after the commit; an upload whose commit failed is
     deleted (it was never listed)."""
-    store = bucket(run)
     name = upload(run, local, entry.file, entry.run)
-    entry = entry.model_copy(update={"file": name})
+    return list_entry(run, entry.model_copy(update={"file": name}), retention)
+
+
+def list_entry(
+    run: ObjectUrl, entry: ManifestEntry, retention: Retention | None
+) -> ManifestEntry | None:
+    """Commit ``entry`` for a record already sent whole under its name (see :func:`publish`);
+    a failed commit deletes what was sent (no manifest listed it)."""
+    store, name = bucket(run), entry.file
 
     def change(state: Manifest) -> set[str]:
         state.entries.append(entry)
@@ -177,9 +361,65 @@ def delete_unlisted(run: ObjectUrl, files: set[str]) -> None:
         _forget(store, run.child(file))
 
 
+P = TypeVar("P", bound="Doomed")
+
+
+def remove(
+    run: ObjectUrl, decide: Callable[[Manifest], P], dry_run: bool = True
+) -> tuple[P, Removed]:
+    """A deletion on object storage: decide from the manifest, then (unless ``dry_run``)
+    commit it without the plan's entries and the points of its whole runs (``decide`` runs
+    again on a lost race, so an entry committed meanwhile is never deleted unseen), then
+    delete the objects no committed manifest lists any more. A run's logs stay in the
+    staging directory of the machine that trained it: nothing of them is on the store."""
+    store = bucket(run)
+    if dry_run:
+        plan = decide(load(run).manifest.copy_out())
+    else:
+
+        def change(state: Manifest) -> P:
+            plan = decide(state)
+            going = {e.file for e in plan.entries}
+            state.entries = [e for e in state.entries if e.file not in going]
+            for name in plan.runs:
+                state.points.pop(name, None)
+            return plan
+
+        plan = commit(run, change)
+    files: list[RemovedFile] = []
+    missing: list[str] = []
+    for e in plan.entries:
+        size = _size(store, run.child(e.file))
+        if size is None:
+            missing.append(e.file)
+        else:
+            files.append(RemovedFile(e.file, size, e.run))
+    if not dry_run:
+        for f in files:
+            _forget(store, run.child(f.path))
+    return plan, Removed(tuple(files), tuple(missing), (), dry_run)
+
+
+def _size(store: Bucket, url: ObjectUrl) -> int | None:
+    """A listed record's bytes on the store (a record directory's objects summed), or None
+    when it is gone."""
+    if not is_directory(url.name):
+        return store.size(url.key)
+    keys = store.keys(url.key + "/")
+    return sum(store.size(k) or 0 for k in keys) if keys else None
+
+
 def _forget(store: Bucket, url: ObjectUrl) -> None:
+    """Delete an unlisted record: its object, or a record directory's objects
+    (``header.json`` first, so what a failure leaves is never a whole-looking record)."""
     try:
-        store.delete(url.key)
+        if not is_directory(url.name):
+            store.delete(url.key)
+            return
+        keys = store.keys(url.key + "/")
+        head = url.child(HEADER_NAME).key
+        for key in sorted(keys, key=lambda k: k != head):
+            store.delete(key)
     except (ObjectStoreError, ConfigError):
         pass  # an unlisted object is never read; `nitro verify` names those left behind
 
@@ -213,6 +453,8 @@ def read_header(record: ObjectUrl, expected: str) -> dict[str, Any]:
     """The ``nitro`` metadata of a listed record, from ranged reads of its header bytes
     only, checked against the manifest's digest ``expected``."""
     store, shown = bucket(record), record.shown()
+    if is_directory(record.name):
+        return _directory_header(record, expected)
     size = store.size(record.key)
     if size is None:
         raise _gone(record)
@@ -239,6 +481,26 @@ def read_header(record: ObjectUrl, expected: str) -> dict[str, Any]:
             raise record_header.truncated(shown, len(head) + data - size)
         raise record_header.appended(shown)
     return meta
+
+
+def _directory_header(record: ObjectUrl, expected: str) -> dict[str, Any]:
+    """A listed record directory's ``header.json``, checked against the manifest's digest."""
+    got = bucket(record).get(record.child(HEADER_NAME).key)
+    if got is None:
+        raise _gone(record)
+    if digest.tree(got.body) != expected:
+        raise CheckpointCorrupt(
+            f"Checkpoint {str(record)!r}: its {HEADER_NAME} differs from the one the manifest "
+            "listed (its digest does not match): it was changed or replaced after the commit. "
+            "Load another checkpoint (nitro verify checks them all)."
+        )
+    try:
+        header = json.loads(got.body)
+        if not isinstance(header, dict):
+            raise TypeError("it is not an object")
+    except (ValueError, TypeError) as exc:
+        raise record_header.unreadable(record.shown(), exc) from None
+    return header
 
 
 def fetch(record: ObjectUrl, into: Path) -> Path:
@@ -278,11 +540,21 @@ __all__ = [
     "delete_unlisted",
     "fetch",
     "listed",
+    "fetch_directory",
     "fetch_entry",
+    "fresh_prefix",
+    "is_directory",
+    "list_entry",
     "load",
     "publish",
+    "put_new",
+    "refuse_taken",
+    "remove",
     "staging",
     "read_header",
     "read_manifest",
+    "seal_directory",
     "upload",
+    "upload_shard",
+    "write_new",
 ]

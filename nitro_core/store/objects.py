@@ -216,6 +216,18 @@ class Bucket:
     def delete(self, key: str) -> None:
         self._call("delete_object", Key=key)
 
+    def keys(self, prefix: str, limit: int | None = None) -> list[str]:
+        """The keys of the objects under ``prefix`` (at most ``limit``), in key order."""
+        found: list[str] = []
+        token: dict[str, str] = {}
+        while limit is None or len(found) < limit:
+            r = self._call("list_objects_v2", Prefix=prefix, **token)
+            found += [o["Key"] for o in r.get("Contents", ())]
+            if not r.get("IsTruncated"):
+                break
+            token = {"ContinuationToken": r["NextContinuationToken"]}
+        return found if limit is None else found[:limit]
+
     def _abort(self, key: str, upload: str) -> None:
         try:
             self._call("abort_multipart_upload", Key=key, UploadId=upload)

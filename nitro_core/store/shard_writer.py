@@ -29,7 +29,7 @@ import dataclasses
 import json
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -73,15 +73,18 @@ class ShardWriter(HuggingFaceStorageWriter):
     name every shard file's xxh3-128 (``{file name: hex}``). Planning (one shard per rank,
     numbered from 1) and host staging for ``async_save`` are ``HuggingFaceStorageWriter``'s."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, upload: Callable[[Path], None] | None = None) -> None:
         super().__init__(path, save_distributed=True)
         self.digests: dict[str, str] = {}
+        self.upload = upload  # object storage: the shard, written and hashed, is sent there
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         results: list[WriteResult] = []
         if plan.items:
             name = shard_name(plan.storage_data["shard_index"])
             results = _write_shard(Path(self.path) / name, plan, planner)
+            if self.upload is not None:  # before DCP counts this rank's write done
+                self.upload(Path(self.path) / name)
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut

@@ -66,6 +66,9 @@ _CHUNK = 8 * 1024 * 1024
 _MAX_SHARD_HEADER = 100 * 1024 * 1024
 
 
+Upload = Callable[[Path], None]  # a rank's shard, once written and hashed: sent to object storage
+
+
 def _fresh(tmp: Path) -> None:
     """Rank 0 clears ``tmp`` of what a killed write left under this name and makes it anew.
     Another rank's DCP writer may have made it already (``prepare_local_plan`` does, on every
@@ -75,7 +78,9 @@ def _fresh(tmp: Path) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
 
 
-def write(tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool) -> dict[str, str]:
+def write(
+    tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool, upload: Upload | None = None
+) -> dict[str, str]:
     """Every rank's part of ``tensors`` (DTensors: each rank's pieces; plain tensors: one
     copy, written by one rank) into ``tmp`` through DCP. A collective: every rank calls it
     with the same ``tmp``; on rank 0 it returns, once every rank's files are durable, the
@@ -88,13 +93,17 @@ def write(tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool) -> dict[st
     _check_tensors(tensors)
     if main:
         _fresh(tmp)
-    writer = ShardWriter(str(tmp))
+    writer = ShardWriter(str(tmp), upload)
     save(dict(tensors), storage_writer=writer, planner=_rank_0_writes_plain())
     return dict(writer.digests)
 
 
 def write_async(
-    tmp: Path, tensors: Mapping[str, torch.Tensor], main: bool, group: Any
+    tmp: Path,
+    tensors: Mapping[str, torch.Tensor],
+    main: bool,
+    group: Any,
+    upload: Upload | None = None,
 ) -> Future[dict[str, str]]:
     """:func:`write` in the background: DCP's ``async_save`` copies this rank's tensors to
     host memory, returns, and writes them on a thread whose collectives run over ``group``
@@ -107,7 +116,7 @@ def write_async(
     _check_tensors(tensors)
     if main:
         _fresh(tmp)
-    writer = ShardWriter(str(tmp))
+    writer = ShardWriter(str(tmp), upload)
     saved = async_save(
         dict(tensors), storage_writer=writer, planner=_rank_0_writes_plain(), process_group=group
     )
@@ -165,11 +174,17 @@ def publish(
             f"Record directory {str(tmp)!r} holds the files {present}, the ranks wrote "
             f"{sorted(digests)}; another process wrote into it. Save the record again."
         )
-    header = {k: v for k, v in meta.items() if k != digest.KEY}
-    header["shards"] = dict(sorted(digests.items()))
-    raw = digest.sealed_json_header(header)  # with its own digest: integrity.header
+    raw = header_json(meta, digests)
     PublishDirectory(final, tmp, HEADER_NAME).commit(lambda f: f.write(raw))
     return _sizes(final), digest.tree(raw)
+
+
+def header_json(meta: Mapping[str, Any], digests: Mapping[str, str]) -> bytes:
+    """``header.json``'s bytes: the record's header naming each shard's digest, sealed with
+    its own digest (``integrity.header``)."""
+    header = {k: v for k, v in meta.items() if k != digest.KEY}
+    header["shards"] = dict(sorted(digests.items()))
+    return digest.sealed_json_header(header)
 
 
 def manifest_digest(path: Path) -> str:

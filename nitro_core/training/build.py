@@ -117,12 +117,6 @@ def place(
     chosen = setup.resolve_device(device)
     # "auto" and "cuda" leave the GPU to the rank (cuda:LOCAL_RANK); "cuda:1" pins it
     dist, on = distributed.join(strategy, chosen, requested=chosen.index is not None)
-    if storage is not None and dist.world > 1:
-        raise ConfigError(
-            f"run_dir={str(storage)!r}: a run of several processes cannot write to object "
-            "storage yet. Train it in a local run directory and `nitro push` it, or train "
-            "in one process."
-        )
     return Place(where, dist, on, step_settings(experiment, on), storage)
 
 
@@ -372,7 +366,7 @@ def record_writer(
         return None
     dist = where.dist
     fmt = (
-        RecordDirectory(dist, ckpt.async_write)
+        RecordDirectory(dist, ckpt.async_write, where.storage)
         if dist.strategy == "fsdp"
         else OneFile(ckpt.async_write)
     )

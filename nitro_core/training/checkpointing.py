@@ -214,8 +214,10 @@ class RecordWriter:
             else:
                 added.result()
             return None
+        if self.storage is not None:  # the names listed as just read: a name a commit
+            return self._claim(entry.file, entries)  # takes meanwhile, the upload moves past
         with store.manifest_lock(self.directory):
-            return self._claim(entry.file, listing.entries_of(self.directory, self.storage))
+            return self._claim(entry.file, manifest.read_manifest(self.directory))
 
     def _claim(self, name: str, entries: list[ManifestEntry]) -> Claim:
         """Claim ``name``, or ``name`` with ``-run-<id>`` inserted when another run listed it
@@ -280,10 +282,13 @@ class RecordWriter:
         assert self.storage is not None
         local = self.directory / entry.file
         try:
+            if self.format.every_rank:  # a record directory: every object sent already
+                return object_run.list_entry(self.storage, entry, self._retention)
             return object_run.publish(self.storage, local, entry, self._retention)
         finally:
             claim.release()
-            store.remove_file(local)
+            if not self.format.every_rank:
+                store.remove_file(local)
 
     def _submit(self, job: Callable[[], T]) -> Future[T]:
         """Run ``job`` here (synchronous writes) or on the writer thread."""

@@ -23,7 +23,7 @@ from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from nitro_core.errors import NitroWarning
 from nitro_core.experiment import Experiment, config_of
-from nitro_core.sources.resolve import resolve_in
+from nitro_core.sources.remote import resolve_in
 from nitro_core.store import recordio as store
 
 E = TypeVar("E", bound=Experiment)
@@ -46,6 +46,7 @@ def record_config(source: Any, run_dir: str | Path | None = None) -> RecordConfi
         run_dir,
         "experiment_from_record(cls, {src})",
         "experiment_from_record(cls, {src}, run_dir='runs/MyExp')",
+        picks=False,  # of an Average: its state record, whose header is read
     )
     meta = store.read_header(found.path, found.entry.expected if found.entry else None)
     config = meta.get("config")

@@ -27,7 +27,8 @@ from nitro_core.errors import (
 )
 from nitro_core.experiment import Experiment, config_diff
 from nitro_core.policy.selectors import Checkpointer
-from nitro_core.sources.grammar import Average, HFDirectory, Pair, RunRef, Source
+from nitro_core.sources import remote
+from nitro_core.sources.grammar import Average, HFDirectory, Pair, PathSource, RunRef, Source
 from nitro_core.sources.resolve import Resolved, pick_best, resolve
 from nitro_core.sources.selection import check_keep_holds
 from nitro_core.state import ranks, records, rng
@@ -40,7 +41,7 @@ from nitro_core.state.loading import (
     read,
     tie_aliases,
 )
-from nitro_core.store import listing, manifest, object_run, shards
+from nitro_core.store import listing, manifest, objects, shards
 from nitro_core.store.manifest import ManifestEntry, Point
 from nitro_core.store.objects import ObjectUrl
 from nitro_core.training import fsdp_state, position
@@ -192,8 +193,11 @@ def load_weights(
     name = type(n.experiment).__name__
     if isinstance(source, Pair) and isinstance(source.pick, Average):
         return load_average(n, source, entries)
-    resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
-    copy_down(n, resolved)
+    if isinstance(source, PathSource) and objects.is_url(source.path):  # another S3 run's
+        resolved = remote.resolve_at(source, objects.parse(source.path, "weights").parent)
+    else:
+        resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
+        copy_down(n, resolved)
     rec = read(resolved, None if opts.restore_optimizer else WEIGHTS)  # optimizer bytes: unread
     warn_config_changed(rec.meta, n, str(resolved.path))
     state = rec.ema_state() if opts.load_ema else rec.model_state()
@@ -260,12 +264,8 @@ def copy_down(n: Restorable, resolved: Resolved) -> None:
     """On object storage: the listed records of the run directory that ``resolved`` names
     (one, or an average's picks), copied down into its staging directory, ``n.run_dir``
     (their readers check them against the manifest as they read)."""
-    if n.storage is None:
-        return
-    named = resolved.picked or ((resolved.entry,) if resolved.entry is not None else ())
-    for e in named:
-        if resolved.picked or resolved.path == n.run_dir / e.file:  # not another directory's
-            object_run.fetch_entry(n.storage, e, n.run_dir)
+    if n.storage is not None:
+        remote.fetch(n.storage, resolved)
 
 
 def points_of(n: Restorable) -> dict[str, list[Point]] | None:

@@ -142,9 +142,10 @@ def resume_from_source(
     run_dir: Path,
     entries: list[ManifestEntry],
     storage: ObjectUrl | None = None,
+    fetch: bool = True,
 ) -> ResumePoint:
     """The resume point a source names: continue its run when it is the run's latest
-    listed record in ``run_dir``, else branch."""
+    listed record in ``run_dir``, else branch (``fetch``: see :func:`point_for`)."""
     if isinstance(source, Pair) and isinstance(source.pick, Average):
         raise ConfigError(
             f"resume={str(source)!r}: an average carries no optimizer state to continue. Start "
@@ -158,7 +159,7 @@ def resume_from_source(
         )
     found = resolve(source, run_dir, entries)
     if found.entry is not None and found.path.parent.resolve() == run_dir.resolve():
-        return point_for(found.entry, entries, run_dir, storage)
+        return point_for(found.entry, entries, run_dir, storage, fetch)
     return ResumePoint(
         path=found.path,
         entry=found.entry,
@@ -168,7 +169,10 @@ def resume_from_source(
 
 
 def latest_point(
-    entries: list[ManifestEntry], run_dir: Path, storage: ObjectUrl | None = None
+    entries: list[ManifestEntry],
+    run_dir: Path,
+    storage: ObjectUrl | None = None,
+    fetch: bool = True,
 ) -> ResumePoint:
     """``latest => latest``: the last entry of the run that wrote the last entry."""
     if not entries:
@@ -176,7 +180,7 @@ def latest_point(
             f"Nothing to resume in {str(run_dir)!r}: its manifest lists no checkpoints. Train "
             "first, or use resume='auto' to start fresh when there is nothing."
         )
-    return point_for(entries[-1], entries, run_dir, storage)
+    return point_for(entries[-1], entries, run_dir, storage, fetch)
 
 
 def point_for(
@@ -184,20 +188,22 @@ def point_for(
     entries: list[ManifestEntry],
     run_dir: Path,
     storage: ObjectUrl | None = None,
+    fetch: bool = True,
 ) -> ResumePoint:
     """A resume point at a listed entry: continue its run when it is the run's latest. On
-    object storage (``storage``) the record is first copied down into ``run_dir``."""
+    object storage (``storage``) the record is first copied down into ``run_dir``; with
+    ``fetch=False`` only its header is read, by ranged reads (a check before a job: the
+    point is never loaded)."""
     path = run_dir / entry.file
-    if storage is not None:
+    if storage is not None and fetch:
         path = object_run.fetch_entry(storage, entry, run_dir)
     own = manifest.run_entries(entries, entry.run)
     continue_run = entry.run if own and own[-1].file == entry.file else None
-    return ResumePoint(
-        path=path,
-        entry=entry,
-        meta=store.read_header(path, entry.expected),
-        continue_run=continue_run,
-    )
+    if storage is not None and not fetch:
+        meta = object_run.read_header(storage.child(entry.file), entry.expected)
+    else:
+        meta = store.read_header(path, entry.expected)
+    return ResumePoint(path=path, entry=entry, meta=meta, continue_run=continue_run)
 
 
 def _layout_diff(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

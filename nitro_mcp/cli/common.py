@@ -26,6 +26,7 @@ from nitro_core.errors import (
     ResumeRefused,
     UnsafePath,
 )
+from nitro_core.store.objects import is_url, parse
 
 OK, FAILED, REFUSED = 0, 1, 2
 Handler = Callable[[argparse.Namespace], int]
@@ -87,7 +88,7 @@ def root_of(args: argparse.Namespace, *paths: str | None, up: int = 1) -> Path:
     here = Path.cwd().resolve()
     holders = [str(here)]
     for text in paths:
-        if text is None:
+        if text is None or is_url(text):  # an object-store URL holds nothing local
             continue
         where = Path(os.path.abspath(text))
         holders.append(
@@ -101,7 +102,15 @@ def gate(args: argparse.Namespace, *paths: str | None, up: int = 1) -> Any:
     from nitro_mcp.gate import Gate  # lazy: the registry imports torch
 
     modules = tuple(getattr(args, "experiment_module", ()) or ())
-    return Gate(root_of(args, *paths, up=up), experiment_modules=modules)
+    return Gate(root_of(args, *paths, up=up), experiment_modules=modules, any_storage=True)
+
+
+def run_place(text: str) -> str:
+    """A run directory as a command passes it on: an object-store URL as written (parsed),
+    else an existing local directory (:func:`run_directory`), absolute."""
+    if is_url(text):
+        return str(parse(text))
+    return str(run_directory(text).resolve())
 
 
 def run_directory(text: str) -> Path:

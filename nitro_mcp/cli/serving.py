@@ -37,6 +37,8 @@ def add(sub: Any) -> dict[str, Handler]:
     serve.add_argument("--no-warm-worker", dest="warm_worker", action="store_false",
                        help="run each validation and average in a worker of its own instead of "
                        "the warm worker (torch imported once, for all of them)")  # fmt: skip
+    serve.add_argument("--storage", metavar="S3_URL",
+                       help="also take run directories under this s3://bucket/prefix (AWS settings)")  # fmt: skip
     serve.add_argument("--slurm-partition", help="with --executor slurm: the default partition")
     serve.add_argument("--slurm-account", help="with --executor slurm: the default account")
 
@@ -59,6 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
         Path(args.root), max_jobs=args.max_jobs, experiment_modules=tuple(args.experiment_module),
         max_eval_jobs=args.max_eval_jobs, import_timeout_s=args.import_timeout,
         executor=args.executor, slurm_options=_slurm_options(args), warm_worker=args.warm_worker,
+        storage=args.storage,
     )  # fmt: skip
     if args.http:
         serve_http(server, args.port, args.token)

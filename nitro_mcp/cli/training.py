@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
+from nitro_core.store.objects import is_url
 from nitro_mcp.cli.common import (
     OK,
     REFUSED,
@@ -31,7 +32,7 @@ from nitro_mcp.cli.common import (
     emit,
     gate,
     root_option,
-    run_directory,
+    run_place,
     say,
 )
 from nitro_mcp.paths import shown
@@ -230,15 +231,19 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _average(args: argparse.Namespace) -> int:
     """What ``average`` does, in this process: the tool's checks, then its job's work."""
-    run_dir = run_directory(args.run_dir)
+    run_dir = run_place(args.run_dir)  # a directory, or s3://...
     from nitro_core.jobs.worker import average_job  # lazy: torch
     from nitro_mcp.tools.training import checked_average  # lazy: the gate imports torch
 
-    save = None if args.save is None else str(Path(args.save).resolve())
-    g = gate(args, str(run_dir), save)
-    asked = _call(
-        AverageCall, args, run_dir=str(run_dir.resolve()), save=save, overrides=_overrides(args.set)
+    save = (
+        None
+        if args.save is None
+        else args.save
+        if is_url(args.save)
+        else str(Path(args.save).resolve())
     )
+    g = gate(args, run_dir, save)
+    asked = _call(AverageCall, args, run_dir=run_dir, save=save, overrides=_overrides(args.set))
     call, notes = checked_average(g, asked.model_copy(update={"validate_average": args.validate}))
     for note in notes:
         say(f"warning: {note}")

@@ -32,7 +32,10 @@ def register(server: NitroServer, gate: Gate) -> None:
         ] = None,
         dry_run: Annotated[StrictBool, Field(description="false: really delete.")] = True,
     ) -> models.DeleteResult:
-        return await off_loop(deletion.delete, gate.root, gate.jobs, run_dir, run, files, dry_run)
+        url = gate.storage_url(run_dir)  # a run directory on object storage, under --storage
+        return await off_loop(
+            deletion.delete, gate.root, gate.jobs, run_dir, run, files, dry_run, url
+        )
 
     @tool(server, "Write a checkpoint's weights to a new .safetensors file, or (format='hf') "
           "an HF directory.")  # fmt: skip
@@ -72,4 +75,7 @@ def export(
             "drop them."
         )
     options = catalog.HFOptions(dtype, max_shard_size, gate.registry) if format == "hf" else None
-    return catalog.export(gate.root, source, path, run_dir, options)
+    url = gate.storage_url(run_dir)  # a run directory on object storage, under --storage
+    record = gate.storage_url(source, "source")  # a record's URL: under --storage too
+    url = url or (record.parent if record is not None else None)
+    return catalog.export(gate.root, source, path, run_dir, options, url)

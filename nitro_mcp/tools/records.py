@@ -16,7 +16,7 @@ from pydantic import Field
 
 from nitro_core.errors import ConfigError
 from nitro_core.info import checkpoint_info
-from nitro_core.store import manifest
+from nitro_core.store import listing, manifest
 from nitro_core.verification import verify
 from nitro_mcp import catalog, models
 from nitro_mcp.echo import clip, clip_text
@@ -94,8 +94,9 @@ def runs(
 
 
 def manifest_page(gate: Gate, run_dir: str, limit: int, cursor: str | None) -> models.ManifestPage:
-    where = gate.existing_dir(run_dir)
-    entries = manifest.read_manifest(where)
+    url = gate.storage_url(run_dir)  # on object storage: the manifest object, under --storage
+    where = str(url) if url else gate.existing_dir(run_dir)
+    entries = listing.read_manifest(where)
     start, limit = page(cursor, limit)
     end = start + fit(entries[start:], limit)  # a page stays within the reply budget
     return models.ManifestPage(

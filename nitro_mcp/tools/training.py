@@ -10,6 +10,7 @@ job's result.
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -24,7 +25,7 @@ from nitro_core.jobs.manager import new_job_id
 from nitro_core.jobs.ranks import process_limit
 from nitro_core.sources.grammar import Average, Pair, to_source
 from nitro_core.sources.selection import check_keep_holds
-from nitro_core.store import manifest
+from nitro_core.store import listing, object_run
 from nitro_core.training.options import check_options
 from nitro_mcp import call_checks, following, models, observe, seed_groups
 from nitro_mcp.arguments import arguments_model, flag_text
@@ -213,22 +214,26 @@ def _checked_train(
     restore_best = flag_text(call.restore_best, "restore_best")
     experiment, overrides, weights = call.experiment, call.overrides, call.weights
     cls = gate.experiment_class(experiment, overrides)
-    where = gate.run_dir(call.run_dir, experiment)
+    url = gate.storage_url(call.run_dir)  # an object-store run directory, under --storage
+    where = gate.run_dir(call.run_dir, experiment) if url is None else object_run.staging(url)
+    place = str(url) if url else str(where)  # the job's run_dir
     opts = check_options(resume, weights, call.restore_optimizer, restore_best, False, call.strict)
     observe.check_logger_name(call.logger)  # tensorboard installed here
     call = call.model_copy(
-        update={"run_dir": str(where), "resume": resume, "restore_best": restore_best}
+        update={"run_dir": place, "resume": resume, "restore_best": restore_best}
     )
-    args = train_arguments(**{**call.model_dump(), "run_dir": shown(gate.root, where)})
-    busy = call_checks.busy_job(gate.jobs, where)
+    args = train_arguments(**{**call.model_dump(), "run_dir": shown(gate.root, place)})
+    busy = call_checks.busy_job(gate.jobs, place)
     if busy is not None and not after_running:
         raise call_checks.refuse_busy(busy, args)
-    entries = manifest.read_manifest(where)
+    entries = listing.read_manifest(place)
     point = None
-    if opts.resume == "auto" and entries:
-        point = latest_point(entries, where)
+    if opts.resume == "auto" and entries:  # on object storage: its header, by ranged reads
+        point = latest_point(entries, where, url, fetch=False)
     elif opts.resume is not None and opts.resume != "auto":
-        point = resume_from_source(gate.rooted(opts.resume, where, "resume"), where, entries)
+        rooted = gate.rooted(opts.resume, where, "resume") if url is None else gate.rooted_at(
+            opts.resume, url, "resume")  # fmt: skip
+        point = resume_from_source(rooted, where, entries, url, fetch=False)
         point.check_resumable()
     if point is None:
         exp = cls(**overrides)  # unknown or ill-typed fields raise ConfigError
@@ -240,9 +245,9 @@ def _checked_train(
         point.check_config(exp)
     observe.check_logger(call.logger, point, exp, args)
     if opts.weights is not None:
-        found = gate.check_source(opts.weights, where, "weights")
-        check_record_fits(exp, found, call.strict, shown(gate.root, found) or str(found),
-                          "nitro_train", args, gate.registry)  # fmt: skip
+        found = gate.check_source(opts.weights, place if url else where, "weights")
+        named = f"{url}/{found.name}" if url else shown(gate.root, found) or str(found)
+        check_record_fits(exp, found, call.strict, named, "nitro_train", args, gate.registry)
     if isinstance(opts.restore_best, Average):
         check_keep_holds(exp.checkpointer(), opts.restore_best, exp.max_epochs)
     _check_seed(call.seed)
@@ -321,15 +326,24 @@ async def validate(
 def _submit_validate(gate: Gate, call: ValidateCall) -> tuple[JobStatus, list[str]]:
     experiment, overrides = call.experiment, call.overrides
     cls = gate.experiment_class(experiment, overrides)
-    where = gate.run_dir(call.run_dir, experiment)
+    url = gate.storage_url(call.run_dir)
+    where = gate.run_dir(call.run_dir, experiment) if url is None else None
     opts = check_options(False, call.weights, False, False, call.load_ema, True)
     assert opts.weights is not None  # weights is a string, so it became a source
-    rooted = gate.rooted(opts.weights, where, "weights")
-    exp, notes, path = call_checks.from_record(cls, rooted, where, overrides)  # its config
-    call = call.model_copy(update={"run_dir": str(where)})
-    args = arguments(ValidateCall, {**call.model_dump(), "run_dir": shown(gate.root, where)})
-    check_record_fits(exp, path, True, shown(gate.root, path) or str(path), "nitro_validate",
-                      args, gate.registry)  # fmt: skip
+    if where is None:  # an object-store run directory: the record's copy is read here
+        assert url is not None
+        rooted = gate.rooted_at(opts.weights, url, "weights")
+        exp, notes, path = call_checks.from_record(cls, rooted, str(url), overrides)
+        named = f"{url}/{path.name}" if path.parent == object_run.staging(url) else str(path)
+    else:
+        rooted = gate.rooted(opts.weights, where, "weights")
+        exp, notes, path = call_checks.from_record(cls, rooted, where, overrides)  # its config
+        named = shown(gate.root, path) or str(path)
+    call = call.model_copy(update={"run_dir": str(url or where)})
+    args = arguments(
+        ValidateCall, {**call.model_dump(), "run_dir": str(url) if url else shown(gate.root, where)}
+    )
+    check_record_fits(exp, path, True, named, "nitro_validate", args, gate.registry)
     gate.check_split(experiment, call.split)
     return gate.jobs.submit(call, experiment_modules=gate.modules), notes
 
@@ -359,26 +373,30 @@ def checked_average(gate: Gate, call: AverageCall) -> tuple[AverageCall, list[st
     experiment it is validated in; and the notes for the reply."""
     run_dir, source, save, experiment = call.run_dir, call.source, call.save, call.experiment
     overrides, split = call.overrides, call.split
-    where = directory_inside_root(gate.root, run_dir, "run_dir")
+    url = gate.storage_url(run_dir)
+    where: Path | str = str(url) if url else directory_inside_root(gate.root, run_dir, "run_dir")
     src = to_source(source, "source")
     if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
         raise ConfigError(
             f"source={clip(source)} is not an average; write e.g. source='latest => Average(Last(10))'."
         )
-    saved = None
-    if save is not None:
-        saved = inside_root(gate.root, save, "save")
-        if saved.suffix != ".safetensors":
+    saved: Path | str | None = None
+    if save is not None and (save_url := gate.storage_url(save, "save")) is not None:
+        object_run.refuse_taken(save_url, "save=")  # a new object under the storage
+        saved = str(save_url)
+    elif save is not None:
+        saved = local = inside_root(gate.root, save, "save")
+        if local.suffix != ".safetensors":
             raise ConfigError(
                 f"save={clip(save)} must name a .safetensors file, e.g. save='runs/Classifier/avg10.safetensors'."
             )
-        blocker = file_in_the_way(saved.parent)
+        blocker = file_in_the_way(local.parent)
         if blocker is not None:
             raise ConfigError(
                 f"save={clip(save)} lies under the file {clip(shown(gate.root, blocker))}, not a "
                 "directory; give a path in a directory, e.g. save='runs/Classifier/avg10.safetensors'."
             )
-        if saved.exists():
+        if local.exists():
             raise ConfigError(
                 f"save={clip(save)} already exists; Nitro never overwrites it. Choose a new name."
             )
@@ -398,8 +416,8 @@ def checked_average(gate: Gate, call: AverageCall) -> tuple[AverageCall, list[st
         }
         args.update({"overrides": overrides} if overrides else {})
         args.update({"split": split} if split != "val" else {})
-        check_record_fits(exp, path, True, shown(gate.root, path) or str(path), "average",
-                          args, gate.registry)  # fmt: skip
+        named = f"{url}/{path.name}" if url else shown(gate.root, path) or str(path)
+        check_record_fits(exp, path, True, named, "average", args, gate.registry)
         gate.check_split(experiment, split)
     call = call.model_copy(
         update={"run_dir": str(where), "save": str(saved) if saved else None,

@@ -22,15 +22,21 @@ from pathlib import Path
 import boto3
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from nitro_core import (
     CheckpointCorrupt,
     Checkpointer,
     CheckpointMissing,
+    CheckpointNotFound,
     ConfigError,
     Last,
     Nitro,
+    average_checkpoints,
     checkpoint_info,
+    delete_checkpoints,
+    experiment_from_record,
+    export_weights,
     read_manifest,
     runs,
     verify,
@@ -39,15 +45,14 @@ from nitro_core.policy import retention
 from nitro_core.store import object_run, objects
 from nitro_core.transfer import push
 from tests.nitro_core.tiny import KeepLast, Tiny
-from tests.s3_server import seaweedfs, settings
+from tests.s3_server import settings
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def endpoint():
-    with seaweedfs() as url:
-        yield url
+@pytest.fixture
+def endpoint(s3_endpoint):
+    return s3_endpoint
 
 
 @pytest.fixture
@@ -294,6 +299,22 @@ def test_the_cli_pushes_a_run_and_reads_it_back_from_s3(s3, tmp_path, prefix):
     assert done.returncode == 0, done.stderr
     assert f"in {trained_url}: " in done.stderr  # the URL, not the staging directory
     assert [e.epoch for e in read_manifest(trained_url)] == [1, 2]
+    done = nitro("validate", "Regression", "--run-dir", trained_url, "--weights", "latest => best")
+    assert done.returncode == 0, done.stderr
+    assert "checkpoint: " in done.stdout
+    done = nitro("average", trained_url, "--source", "latest => Average(Last(2))",
+                 "--save", f"{trained_url}-avg/two.safetensors")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"saved: {trained_url}-avg/two.safetensors" in done.stdout
+    assert f"directory: {trained_url}" in done.stdout
+    done = nitro("export", "latest => best", "w.safetensors", "--run-dir", trained_url)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "w.safetensors").is_file()
+    first = read_manifest(trained_url)[0].file
+    done = nitro("delete", trained_url, "--file", first, "--no-dry-run")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{trained_url}: deleted 1 file(s)"), done.stdout
+    assert [e.epoch for e in read_manifest(trained_url)] == [2]
 
 
 class Wide(Tiny):
@@ -480,3 +501,150 @@ def test_weights_restore_best_and_averages_read_an_s3_run_as_the_same_run_on_dis
         for k, v in params(on_disk).items():
             assert torch.equal(v, params(on_s3)[k]), (source, k)
     assert len(read_manifest(url)) == 4  # reading wrote nothing
+    last = read_manifest(url)[-1].file  # a record of another S3 run directory, by its URL
+    for run_dir in (f"s3://{bucket}/{prefix}/other", tmp_path / "elsewhere"):
+        taken = Nitro(KeepMany(max_epochs=1), run_dir=run_dir, weights=f"{url}/{last}")
+        for k, v in params(ran_s3).items():
+            assert torch.equal(v, params(taken)[k]), (run_dir, k)
+        assert str(taken.checkpoint_source).endswith(last)
+    with pytest.raises(CheckpointMissing, match="is not a record the manifest"):
+        Nitro(KeepMany(max_epochs=1), run_dir=tmp_path / "x", weights=f"{url}/nothing.safetensors")
+
+
+def test_averages_exports_and_deletions_take_an_s3_run_directory(s3, tmp_path, prefix, monkeypatch):
+    client, bucket = s3
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    url = f"s3://{bucket}/{prefix}/run"
+    disk = tmp_path / "disk"
+    trained(disk, KeepMany, epochs=4)
+    push(disk, url)
+    source = "latest => Average(Last(3))"
+    here = average_checkpoints(disk, source, save=tmp_path / "avg.safetensors")
+    there = average_checkpoints(url, source, save=f"{url}-out/avg.safetensors")
+    for k, v in here.state.items():
+        assert torch.equal(v, there.state[k]), k
+    assert there.averaged_from["directory"] == url
+    assert there.averaged_from["files"] == here.averaged_from["files"]
+    got = tmp_path / "got.safetensors"
+    client.download_file(bucket, f"{prefix}/run-out/avg.safetensors", str(got))
+    saved, local = load_file(got), load_file(tmp_path / "avg.safetensors")
+    assert saved.keys() == local.keys() and all(torch.equal(saved[k], local[k]) for k in saved)
+    with pytest.raises(ConfigError, match="already exists; Nitro never overwrites an object"):
+        average_checkpoints(url, source, save=f"{url}-out/avg.safetensors")
+    with pytest.raises(ConfigError, match="must name a .safetensors object"):
+        average_checkpoints(url, source, save=f"{url}-out/avg.pt")
+    assert "avg.safetensors" not in {e.file for e in read_manifest(url)}  # outside it
+
+    exported = export_weights("latest => best", f"{url}-out/w.safetensors", run_dir=url)
+    assert str(exported) == f"{url}-out/w.safetensors"
+    export_weights("latest => best", tmp_path / "w.safetensors", run_dir=disk)
+    client.download_file(bucket, f"{prefix}/run-out/w.safetensors", str(got))
+    w_s3, w_disk = load_file(got), load_file(tmp_path / "w.safetensors")
+    assert w_s3.keys() == w_disk.keys() and all(torch.equal(w_s3[k], w_disk[k]) for k in w_s3)
+    last = read_manifest(url)[-1].file
+    by_url = export_weights(f"{url}/{last}", tmp_path / "last.safetensors")  # no run_dir
+    by_name = export_weights(last, tmp_path / "last2.safetensors", run_dir=url)
+    a, b = load_file(by_url), load_file(by_name)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(CheckpointMissing, match="is not a record the manifest"):
+        export_weights("avg.safetensors", tmp_path / "x.safetensors", run_dir=f"{url}-out")
+    exp = experiment_from_record(KeepMany, "latest => latest", run_dir=url)
+    assert exp.max_epochs == 4
+
+    first = read_manifest(url)[0]
+    dry = delete_checkpoints(url, files=[first.file])
+    assert dry.dry_run and [(f.path, f.bytes) for f in dry.files] == [(first.file, first.bytes)]
+    assert first.file in keys(client, bucket, f"{prefix}/run")  # a dry run deletes nothing
+    done = delete_checkpoints(url, files=[first.file], dry_run=False)
+    delete_checkpoints(disk, files=[first.file], dry_run=False)
+    assert str(done.run_dir) == url and not done.dry_run
+    assert [e.file for e in read_manifest(url)] == [e.file for e in read_manifest(disk)]
+    assert first.file not in keys(client, bucket, f"{prefix}/run")
+    run = first.run
+    whole = delete_checkpoints(url, run=run, dry_run=False)
+    assert whole.runs == (run,) and read_manifest(url) == [] and runs(url) == []
+    assert keys(client, bucket, f"{prefix}/run") == {"manifest.json"}
+    with pytest.raises(CheckpointNotFound, match="Nothing to delete"):
+        delete_checkpoints(url, run=run)
+
+
+def two_ranks_a_and_b(s3, tmp_path, prefix, monkeypatch, strategy: str):
+    """Run A (4 epochs on disk) and run B (2 epochs on S3) of rank_script.py on 2 ranks
+    under ``strategy``: (B's URL, A's directory, where B and C write their final weights,
+    the environment that says so)."""
+    from tests.nitro_core.distributed.conftest import torchrun
+
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    url, out, a = f"s3://{s3[1]}/{prefix}/{strategy}", tmp_path / "out", tmp_path / "a"
+    torchrun(2, a, 4, "false", strategy)  # run A, on disk
+    env = {"NITRO_TEST_OUT": str(out)}
+    torchrun(2, url, 2, "false", strategy, env=env)  # run B, on S3 (FSDP: a shard a rank)
+    return url, a, out, env
+
+
+@pytest.mark.slow  # torchrun, 2 processes
+def test_a_ddp_run_on_s3_resumes_bit_for_bit_on_every_rank(s3, tmp_path, prefix, monkeypatch):
+    from tests.nitro_core.distributed.conftest import assert_same_final, torchrun
+
+    client, bucket = s3
+    url, a, out, env = two_ranks_a_and_b(s3, tmp_path, prefix, monkeypatch, "ddp")
+    torchrun(2, url, 4, "auto", "ddp", env=env)  # run C: B's record, copied down on each rank
+    assert_same_final(a, "4-false-ddp-w2", out, "4-auto-ddp-w2")  # A == B + C
+    listed = read_manifest(url)
+    assert [e.epoch for e in listed] == [1, 2, 3, 4]  # one record a point, rank 0's
+    assert [e.epoch for e in read_manifest(a)] == [1, 2, 3, 4]
+    assert keys(client, bucket, f"{prefix}/ddp") == {"manifest.json", *(e.file for e in listed)}
+    assert checkpoint_info(f"{url}/{listed[-1].file}")["distributed"] == {
+        "world": 2,
+        "strategy": "ddp",
+    }
+    assert all(c.ok for c in verify(url))
+
+
+@pytest.mark.slow  # torchrun, 2 processes
+def test_an_fsdp_run_on_s3_writes_sharded_records_and_resumes_bit_for_bit(
+    s3, tmp_path, prefix, monkeypatch
+):
+    from tests.nitro_core.distributed.conftest import assert_same_final, torchrun
+
+    client, bucket = s3
+    url, a, out, env = two_ranks_a_and_b(s3, tmp_path, prefix, monkeypatch, "fsdp")
+    listed = read_manifest(url)
+    assert [e.epoch for e in listed] == [1, 2]
+    shard_names = {"header.json", *(f"shard-0000{r}-model-00001-of-00001.safetensors" for r in (1, 2))}  # fmt: skip
+    assert keys(client, bucket, f"{prefix}/fsdp") == {
+        "manifest.json",
+        *(f"{e.file}/{name}" for e in listed for name in shard_names),
+    }  # a fresh prefix a record, header.json naming each shard's digest
+    third = read_manifest(a)[2].file  # the name run C's third record takes (C == A)
+    orphan = f"{prefix}/fsdp/{third}/shard-00001-model-00001-of-00001.safetensors"
+    client.put_object(Bucket=bucket, Key=orphan, Body=b"half")  # a killed write's leftover
+    torchrun(2, url, 4, "auto", "fsdp", env=env)  # run C: B's record copied down, resharded
+    assert_same_final(a, "4-false-fsdp-w2", out, "4-auto-fsdp-w2")  # A == B + C
+    listed = read_manifest(url)
+    assert [e.epoch for e in listed] == [1, 2, 3, 4]
+    for e in listed:  # its bytes: the objects under its prefix, summed
+        r = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/fsdp/{e.file}/")
+        assert e.bytes == sum(o["Size"] for o in r["Contents"]), e.file
+    assert listed[2].file.startswith(f"{third}-run-")  # the orphan's name is never reused
+    assert client.get_object(Bucket=bucket, Key=orphan)["Body"].read() == b"half"
+    assert checkpoint_info(f"{url}/{listed[-1].file}")["distributed"] == {
+        "world": 2,
+        "strategy": "fsdp",
+    }
+    assert [(c.file, c.ok) for c in verify(url)] == [(e.file, True) for e in listed]
+    weights = Nitro(  # one process reads the sharded record from S3 as it does from a disk
+        __import__("tests.nitro_core.distributed.rank_script", fromlist=["x"]).DistRegression(
+            max_epochs=1, samples=520, batch_size=32
+        ),
+        run_dir=url,
+        weights="latest => latest",
+    )
+    on_disk = Nitro(weights.experiment, run_dir=a, weights="latest => latest")
+    for k, v in on_disk.model.state_dict().items():
+        assert torch.equal(v, weights.model.state_dict()[k]), k
+    pushed = push(a, f"s3://{bucket}/{prefix}/pushed")  # run A's sharded records, pushed
+    assert [e.file for e in pushed] == [e.file for e in read_manifest(a)]
+    checked = verify(f"s3://{bucket}/{prefix}/pushed")
+    assert [(c.file, c.ok) for c in checked] == [(e.file, True) for e in pushed]
+    assert push(a, f"s3://{bucket}/{prefix}/pushed") == []  # again: nothing twice

@@ -52,6 +52,16 @@ def tensors(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
 
+def assert_same_final(a: Path, a_tag: str, b: Path, b_tag: str, world: int = 2) -> None:
+    """The final parameters rank_script.py wrote in ``a`` (tag ``a_tag``) and ``b`` are
+    equal, bit for bit, on every rank."""
+    for rank in range(world):
+        assert_equal_tensors(
+            tensors(a / f"final-{a_tag}-rank{rank}.safetensors"),
+            tensors(b / f"final-{b_tag}-rank{rank}.safetensors"),
+        )
+
+
 def assert_equal_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert sorted(a) == sorted(b)
     for k in a:

@@ -145,8 +145,10 @@ def main() -> None:
 
     n.train(on_epoch=on_point)
     tag = f"{epochs}-{resume.replace(' ', '')}-{strategy}-w{n.dist.world}"
-    save_file(loaded, os.path.join(run_dir, f"loaded-{tag}-rank{rank}.safetensors"))
-    save_file(full_parameters(n), os.path.join(run_dir, f"final-{tag}-rank{rank}.safetensors"))
+    out = os.environ.get("NITRO_TEST_OUT", run_dir)  # a run directory on S3: a local one
+    os.makedirs(out, exist_ok=True)
+    save_file(loaded, os.path.join(out, f"loaded-{tag}-rank{rank}.safetensors"))
+    save_file(full_parameters(n), os.path.join(out, f"final-{tag}-rank{rank}.safetensors"))
     n.close()
 
 

@@ -1,0 +1,171 @@
+"""The gate on object storage: ``nitro serve --storage s3://bucket/prefix`` takes run
+directories under that prefix (every URL confined under it, as every path is under the
+root), against a real SeaweedFS server (tests/s3_server.py) and a real MCP client. A run
+pushed to S3 validates and averages through the tools exactly as the same run on disk."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import boto3
+import pytest
+from mcp import Client
+
+from nitro_core import Nitro, read_manifest
+from nitro_core.examples.classifier import Classifier
+from nitro_core.transfer import push
+from nitro_mcp.server import build_server
+from tests.s3_server import settings
+
+from .conftest import FAST, call, ended, wait_done
+
+BUCKET = "nitro-gate"
+
+
+@pytest.fixture
+def stored(s3_endpoint, tmp_path, monkeypatch):
+    """A Classifier run trained on disk under the root (runs/Classifier) and pushed to
+    ``s3://nitro-gate/<prefix>/runs/Classifier``; (root, storage URL, run URL)."""
+    for k, v in settings(s3_endpoint).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    try:
+        client.create_bucket(Bucket=BUCKET)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass  # an earlier test made it
+    storage = f"s3://{BUCKET}/t-{uuid.uuid4().hex[:10]}"
+    root = tmp_path / "root"
+    Nitro(Classifier(**FAST), run_dir=root / "runs" / "Classifier").train()
+    url = f"{storage}/runs/Classifier"
+    push(root / "runs" / "Classifier", url)
+    return root, storage, url
+
+
+def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(stored):
+    root, storage, url = stored
+    listed = read_manifest(root / "runs" / "Classifier")
+
+    async def go():
+        async with Client(build_server(root, storage=storage)) as client:
+            page = await call(client, "nitro_manifest", run_dir=url)
+            validated = []
+            averaged = []
+            for run_dir, save in (
+                ("runs/Classifier", "runs/avg.safetensors"),
+                (url, f"{storage}/avg.safetensors"),
+            ):
+                v = await call(client, "nitro_validate", experiment="Classifier",
+                               run_dir=run_dir, weights="latest => best", wait_s=60)  # fmt: skip
+                validated.append(await ended(client, v, root))
+                a = await call(client, "average", run_dir=run_dir, save=save, validate=True,
+                               source="latest => Average(Last(2))", wait_s=60)  # fmt: skip
+                averaged.append(await ended(client, a, root))
+            again = await call(client, "average", run_dir=url, save=f"{storage}/avg.safetensors",
+                               source="latest => Average(Last(2))")  # fmt: skip
+            outside = [
+                await call(client, "nitro_manifest", run_dir=text)
+                for text in (f"{storage}x/runs/Classifier", "s3://elsewhere/runs/Classifier",
+                             "gs://nitro-gate/runs/Classifier")
+            ]  # fmt: skip
+            info = await call(client, "nitro_checkpoint_info", path=f"{url}/{listed[-1].file}")
+            save_outside = await call(client, "average", run_dir=url,
+                                      source="latest => Average(Last(2))",
+                                      save=f"s3://{BUCKET}/avg.safetensors")  # fmt: skip
+        async with Client(build_server(root)) as client:
+            unstored = await call(client, "nitro_manifest", run_dir=url)
+            train_unstored = await call(client, "nitro_train", experiment="Classifier", run_dir=url)
+        return (
+            page,
+            validated,
+            averaged,
+            again,
+            outside,
+            save_outside,
+            unstored,
+            train_unstored,
+            info,
+        )
+
+    page, validated, averaged, again, outside, save_outside, unstored, train_unstored, info = (
+        anyio.run(go)
+    )
+    err, body = page
+    assert not err, body
+    assert body["run_dir"] == url and body["total"] == len(listed)
+    assert [e["file"] for e in body["entries"]] == [e.file for e in listed]
+
+    (e1, on_disk), (e2, on_s3) = validated
+    assert not e1 and not e2, (on_disk, on_s3)
+    assert on_disk["state"] == on_s3["state"] == "succeeded", (on_disk, on_s3)
+    assert on_s3["metrics"] == on_disk["metrics"]  # the same record, bit for bit
+    assert on_s3["checkpoint"] == f"{url}/{on_disk['checkpoint'].rsplit('/', 1)[-1]}"
+
+    (e1, avg_disk), (e2, avg_s3) = averaged
+    assert not e1 and not e2, (avg_disk, avg_s3)
+    assert avg_s3["state"] == "succeeded", avg_s3
+    assert avg_s3["metrics"] == avg_disk["metrics"]
+    assert avg_s3["averaged_from"]["files"] == avg_disk["averaged_from"]["files"]
+    assert avg_s3["averaged_from"]["directory"] == url
+    assert avg_s3["saved"] == f"{storage}/avg.safetensors"
+    key = avg_s3["saved"].removeprefix(f"s3://{BUCKET}/")
+    assert boto3.client("s3").head_object(Bucket=BUCKET, Key=key)["ContentLength"] > 0
+
+    err, text = again
+    assert err and "already exists; Nitro never overwrites an object" in text, text
+    for err, text in outside[:2]:
+        assert err and f"lies outside the server's storage '{storage}'" in text, text
+        assert f"e.g. run_dir='{storage}/runs/Classifier'" in text, text
+    err, text = outside[2]
+    assert err and "gs:// is not a storage Nitro writes to" in text, text
+    assert "s3://bucket/prefix" in text, text
+    err, text = save_outside
+    assert err and "save='s3://nitro-gate/avg.safetensors' lies outside" in text, text
+    for err, text in (unstored, train_unstored):
+        assert err and "is on object storage, which this server was not started with" in text
+        assert "nitro serve --storage s3://bucket/prefix" in text, text
+    err, text = info  # a tool that takes paths only: refused, never read as "s3:/..."
+    assert err and "is a URL, and path takes a path here" in text, text
+    assert not (root / "s3:").exists()  # a URL is never taken for a path under the root
+
+
+@pytest.mark.slow  # trains through a worker process on S3
+def test_the_gate_trains_resumes_exports_and_deletes_on_s3(stored):
+    root, storage, _ = stored
+    url = f"{storage}/runs/fresh"
+
+    async def go():
+        async with Client(build_server(root, storage=storage)) as client:
+            started = []
+            for epochs in (2, 3):  # a new run, then resume="auto" continues it
+                err, job = await call(client, "nitro_train", experiment="Classifier", run_dir=url,
+                                      resume="auto", overrides={**FAST, "max_epochs": epochs})  # fmt: skip
+                assert not err, job
+                started.append(job)
+                await wait_done(client, job["job_id"])
+            first, more = [(False, await wait_done(client, job["job_id"])) for job in started]
+            trained = [(e.run, e.epoch) for e in read_manifest(url)]
+            export = await call(client, "nitro_export", source="latest => best",
+                                path="exports/w.safetensors", run_dir=url)  # fmt: skip
+            dry = await call(client, "nitro_delete", run_dir=url)
+            gone = await call(client, "nitro_delete", run_dir=url, dry_run=False)
+            return first, more, trained, export, dry, gone
+
+    first, more, entries, export, dry, gone = anyio.run(go)
+    for _, status in (first, more):
+        assert status["state"] == "succeeded", status
+    assert more[1]["run_dir"] == url
+    assert [epoch for _, epoch in entries] == [1, 2, 3]
+    assert more[1]["result"]["kept_total"] == 3, more[1]["result"]  # read on S3
+    assert more[1]["result"]["epoch"] == 3
+    assert len({run for run, _ in entries}) == 1  # the second job continued the first's run
+    err, body = export
+    assert not err and body["path"] == "exports/w.safetensors", body
+    assert body["source_file"].startswith(f"{url}/"), body
+    err, body = dry
+    assert not err and body["dry_run"] and body["entries"] == 3, body
+    err, body = gone
+    assert not err and not body["dry_run"], body
+    assert read_manifest(url) == []
