@@ -94,12 +94,26 @@ def _verify_objects(url: objects.ObjectUrl) -> list[Checked]:
         pairs = [(url, object_run.listed(url))]
     else:
         entries = object_run.read_manifest(url)
+        if (
+            not entries
+            and url.key
+            and any(  # a record directory, named by its URL
+                e.file == url.name for e in object_run.read_manifest(url.parent)
+            )
+        ):
+            return _verify_objects_of([(url, object_run.listed(url))])
         if not entries:
             raise CheckpointMissing(
                 f"No records found under {str(url)!r}: it holds no manifest, or one that lists "
                 "none. Give a run directory or a record, e.g. nitro verify s3://bucket/runs/a."
             )
         pairs = [(url.child(e.file), e) for e in entries]
+    return _verify_objects_of(pairs)
+
+
+def _verify_objects_of(
+    pairs: list[tuple[objects.ObjectUrl, manifest.ManifestEntry]],
+) -> list[Checked]:
     out = []
     for record, entry in pairs:
         with tempfile.TemporaryDirectory(prefix="nitro-verify-") as tmp:

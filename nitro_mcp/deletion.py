@@ -16,7 +16,7 @@ from typing import TypeGuard
 from nitro_core.deletion import Deletion, delete_checkpoints
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError, TrainingRefused
 from nitro_core.jobs import JobManager, JobStatus
-from nitro_core.store.objects import ObjectUrl, is_url
+from nitro_core.store.objects import ObjectUrl, is_url, parse
 from nitro_mcp import models
 from nitro_mcp.catalog import RUN_ID, holds_manifest
 from nitro_mcp.echo import clip, clip_text
@@ -77,15 +77,13 @@ def delete(
 
 def _job_using(root: Path, jobs: JobManager, where: Path | ObjectUrl) -> JobStatus | None:
     """A queued or running job whose run directory is ``where`` (first), else one whose path
-    source names a file inside it."""
+    source names a record inside it (on object storage: by its URL)."""
     live = jobs.live()  # the queued and running jobs, from the index
-    if isinstance(where, ObjectUrl):  # by its URL, or a record under it
-        for status in live:
+    for status in live:
+        if isinstance(where, ObjectUrl):
             if status.run_dir == str(where):
                 return status
-        return None
-    for status in live:
-        if not is_url(status.run_dir) and Path(status.run_dir).resolve() == where:
+        elif not is_url(status.run_dir) and Path(status.run_dir).resolve() == where:
             return status
     for status in live:
         try:
@@ -95,11 +93,27 @@ def _job_using(root: Path, jobs: JobManager, where: Path | ObjectUrl) -> JobStat
         for text in (
             getattr(spec.call, k, None) for k in ("weights", "resume", "source", "restore_best")
         ):
-            if _is_path(text):  # a record file or a record directory
-                for base in (root, Path(spec.run_dir)) if not is_url(spec.run_dir) else (root,):
-                    if where in (base / text).resolve().parents:
-                        return status
+            if _names_a_record_in(text, where, root, spec.run_dir):
+                return status
     return None
+
+
+def _names_a_record_in(text: object, where: Path | ObjectUrl, root: Path, run_dir: str) -> bool:
+    """Whether a job's source string names a record inside ``where``: by its URL (object
+    storage), or by its path, relative to the root or the job's run directory."""
+    if isinstance(where, ObjectUrl):
+        return isinstance(text, str) and is_url(text) and _parent_is(text, where)
+    if not _is_path(text) or is_url(text):  # a pair, a flag, an hf: directory, a URL
+        return False
+    bases = (root,) if is_url(run_dir) else (root, Path(run_dir))
+    return any(where in (base / text).resolve().parents for base in bases)
+
+
+def _parent_is(text: str, where: ObjectUrl) -> bool:
+    try:
+        return parse(text).parent == where
+    except ConfigError:  # not a URL Nitro reads: no record of the run directory
+        return False
 
 
 def _is_path(text: object) -> TypeGuard[str]:

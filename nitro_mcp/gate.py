@@ -25,7 +25,7 @@ from nitro_core.jobs.call_models import SlurmOptions
 from nitro_core.jobs.files import TERMINAL, JobSpec
 from nitro_core.registry import Registry, lookup
 from nitro_core.sources import remote
-from nitro_core.sources.grammar import PathSource, Source
+from nitro_core.sources.grammar import HFDirectory, PathSource, Source
 from nitro_core.sources.resolve import resolve
 from nitro_core.store import manifest, objects
 from nitro_core.store.objects import ObjectUrl
@@ -139,6 +139,8 @@ class Gate:
         inside the root (made absolute)."""
         if not isinstance(source, PathSource) or not source.path.strip():
             return source
+        if isinstance(source, HFDirectory):
+            return self.rooted(source, self.root, keyword)  # a local directory, in the root
         if self.storage_url(source.path, keyword) is not None:
             return source
         if Path(source.path).is_absolute() or "/" in source.path.rstrip("/"):
@@ -158,6 +160,13 @@ class Gate:
         root) will resolve it: relative to the root, else to run_dir; inside the root only."""
         if not isinstance(source, PathSource):
             return source
+        if isinstance(source, HFDirectory) and objects.is_url(source.path):
+            raise ConfigError(
+                f"{keyword}={clip(str(source))}: hf: takes a local Hugging Face model "
+                f"directory inside the server's root, not a URL; e.g. {keyword}='hf:models/gpt2'."
+            )
+        if self.storage_url(source.path, keyword) is not None:
+            return source  # a record's URL, confined under the storage
         candidates = [
             inside_root(self.root, str(base / source.path), keyword)
             for base in (self.root, run_dir)
@@ -175,6 +184,9 @@ class Gate:
             return remote.resolve_at(self.rooted_at(source, url, keyword), url, picks=False).path
         run_dir = Path(run_dir)
         rooted = self.rooted(source, run_dir, keyword)
+        record = self.storage_url(str(rooted), keyword) if isinstance(rooted, PathSource) else None
+        if record is not None:  # a record of an object-store run directory, by its URL
+            return remote.resolve_at(rooted, record.parent, picks=False).path
         return resolve(rooted, run_dir, manifest.read_manifest(run_dir)).path
 
     # -- following a job ---------------------------------------------------------------------

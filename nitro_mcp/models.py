@@ -377,7 +377,9 @@ class DeleteResult(_Model):
     points: int
     bytes: int
     missing: list[str] = Field(description="Listed records already gone from disk.")
-    skipped: list[str] = Field(description="Names holding a link or directory: left alone.")
+    skipped: list[str] = Field(
+        description="Names left in place: a link or directory, or an object the store would not delete."
+    )
     next: str
 
 

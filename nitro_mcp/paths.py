@@ -45,8 +45,8 @@ def inside_root(root: Path, text: str, what: str) -> Path:
         raise ConfigError(
             f"{what}={clip(text)} is a URL, and {what} takes a path here; give a path inside "
             f"the server's root, {example(what)}. (Run directories on object storage are taken "
-            "as run_dir of nitro_train, nitro_validate, average and nitro_manifest, under the "
-            "server's --storage.)"
+            "as run_dir of nitro_train, nitro_validate, average, nitro_manifest, nitro_export "
+            "and nitro_delete, under the server's --storage.)"
         )
     _check_lengths(text, what)
     candidate = Path(text)

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from nitro_core.errors import ConfigError
 from nitro_core.policy.retention import Pair as ScorePair
 from nitro_core.sources.grammar import PathSource, Source, to_source
 from nitro_core.sources.resolve import Resolved, resolve
 from nitro_core.store import manifest, object_run, objects
+from nitro_core.store.manifest import ManifestEntry
 from nitro_core.store.objects import ObjectUrl
 
 
@@ -27,25 +28,48 @@ def resolve_at(
 ) -> Resolved:
     """``source`` resolved in the object-store run directory ``run``, the records it names
     copied down (their paths are in the staging directory); ``picks=False``: of an
-    ``Average``, only its state record (whose header says what the average is)."""
+    ``Average``, only its state record (whose header says what the average is). A record
+    named by its URL is resolved in its own run directory; one named by a relative name is
+    a record ``run`` lists; an absolute path is a local file."""
     here = object_run.staging(run)
-    state = object_run.load(run).manifest
-    entries = list(state.entries)
-    if isinstance(source, PathSource) and objects.is_url(source.path):
+    if _record_url(source):  # its own directory
         record = objects.parse(source.path, "source")
-        if record.parent != run:
-            raise ConfigError(
-                f"source={source.path!r} lies outside the run directory {str(run)!r}; name a "
-                "record of it by its file name, e.g. 'epoch-0003.safetensors', or a pair such "
-                "as 'latest => best'."
-            )
-        source = PathSource(record.name)
-    if isinstance(source, PathSource) and not Path(source.path).is_absolute():
-        entry = object_run.listed(run.child(source.path.rstrip("/")))  # unlisted: refused
+        run, here, source = (
+            record.parent,
+            object_run.staging(record.parent),
+            PathSource(record.name),
+        )
+    if _record_name(source):
+        entry = listed_entry(source, run)
         return Resolved(source, object_run.fetch_entry(run, entry, here), entry)
-    resolved = resolve(source, here, entries, pair, state.points)
+    state = object_run.load(run).manifest
+    resolved = resolve(source, here, list(state.entries), pair, state.points)
     fetch(run, resolved if picks else replace(resolved, picked=()))
     return resolved
+
+
+def _record_url(source: object) -> TypeGuard[PathSource]:
+    """A record named by its URL (``hf:`` names a local directory, never a URL)."""
+    return type(source) is PathSource and objects.is_url(source.path)
+
+
+def _record_name(source: object) -> TypeGuard[PathSource]:
+    """A record named by its name in the run directory (not an absolute local path)."""
+    return type(source) is PathSource and not Path(source.path).is_absolute()
+
+
+def listed_entry(source: PathSource, run: ObjectUrl) -> ManifestEntry:
+    """The entry of the record ``source`` names in ``run`` (by its URL, or its name there);
+    a path below the run directory, or an object its manifest does not list, is refused."""
+    name = objects.parse(source.path, "source").name if objects.is_url(source.path) else (
+        source.path.rstrip("/"))  # fmt: skip
+    if "/" in name or name in ("", ".", ".."):
+        raise ConfigError(
+            f"source={source.path!r} names a path below the run directory {str(run)!r}; "
+            "name one of its records by its file name, e.g. 'epoch-0003.safetensors', or by "
+            "its URL."
+        )
+    return object_run.listed(run.child(name))  # an unlisted object: refused
 
 
 def fetch(run: ObjectUrl, resolved: Resolved) -> None:
@@ -67,6 +91,8 @@ def resolve_in(
     and ``fix`` are the caller's call as written and as it should be, with ``{src}`` for the
     source, for the refusal when ``run_dir`` is missing. ``picks``: see :func:`resolve_at`."""
     src = to_source(source, "source")
+    if _record_url(src):  # a record by its URL
+        return src, resolve_at(src, objects.parse(src.path, "source").parent, None, picks)
     if run_dir is None:
         if not isinstance(src, PathSource):
             shown = repr(str(src))
@@ -74,8 +100,6 @@ def resolve_in(
                 f"{call.format(src=shown)} needs run_dir= to find the run; write "
                 f"{fix.format(src=shown)}."
             )
-        if objects.is_url(src.path):
-            return src, resolve_at(src, objects.parse(src.path, "source").parent, None, picks)
         run_dir = Path(src.path).parent
     if objects.is_url(run_dir):
         return src, resolve_at(src, objects.parse(str(run_dir)), None, picks)
@@ -83,12 +107,4 @@ def resolve_in(
     return src, resolve(src, run_dir, manifest.read_manifest(run_dir))
 
 
-def run_dir_of(run_dir: str | Path) -> Path:
-    """Where a run directory's records are read: a local path as it is, an object-store
-    run directory's staging directory."""
-    if objects.is_url(run_dir):
-        return object_run.staging(objects.parse(str(run_dir)))
-    return Path(run_dir)
-
-
-__all__ = ["fetch", "resolve_at", "resolve_in", "run_dir_of"]
+__all__ = ["fetch", "listed_entry", "resolve_at", "resolve_in"]

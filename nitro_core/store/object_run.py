@@ -92,7 +92,32 @@ def fetch_entry(storage: ObjectUrl, entry: ManifestEntry, into: Path) -> Path:
     (``header.json`` and the shards it names)."""
     if is_directory(entry.file):
         return fetch_directory(storage.child(entry.file), into)
-    return fetch(storage.child(entry.file), into)
+    into.mkdir(parents=True, exist_ok=True)
+    with _fetch_lock(into / f".{entry.file}.fetch.lock"):  # ranks of a machine: one fetches
+        target = into / entry.file
+        if _whole_file(target, entry):  # a copy of this very record: never replaced under
+            return target  # a reader, never downloaded twice
+        return fetch(storage.child(entry.file), into)
+
+
+def _whole_file(target: Path, entry: ManifestEntry) -> bool:
+    """Whether ``target`` is a copy of the listed record ``entry``: its size, and its header
+    against the manifest's digest (the header names every section's digest, which its
+    readers check)."""
+    if not entry.expected.startswith(f"{digest.TREE}:"):
+        return False  # an entry written before header digests: always fetched afresh
+    try:
+        if os.lstat(target).st_size != entry.bytes:
+            return False
+        with open(target, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > record_header.MAX_HEADER:
+                return False
+            head = struct.pack("<Q", n) + f.read(n)
+        record_header.check_header(target, head, entry.expected)
+    except (OSError, struct.error, CheckpointCorrupt):
+        return False
+    return True
 
 
 def is_directory(name: str) -> bool:
@@ -196,7 +221,7 @@ def _upload_directory(run: ObjectUrl, local: Path, name: str, run_id: str) -> st
     shards = sorted(p.name for p in local.iterdir() if p.name != HEADER_NAME)
     store = bucket(run)
     for candidate in [name] + [f"{name}-run-{run_id}{f'-{k}' if k else ''}" for k in range(8)]:
-        if not fresh_prefix(run, candidate):
+        if not claim_prefix(run, candidate, run_id):
             continue
         prefix = run.child(candidate)
         sent = all(
@@ -212,10 +237,18 @@ def _upload_directory(run: ObjectUrl, local: Path, name: str, run_id: str) -> st
 
 
 # -- record directories written by several processes (FSDP) ------------------------------------
-def fresh_prefix(run: ObjectUrl, name: str) -> bool:
-    """Whether no object lies under ``<run>/<name>/`` (a record directory's name is claimed
-    only where nothing was ever sent)."""
-    return not bucket(run).keys(run.child(name).key + "/", limit=1)
+CLAIM = ".claim"  # the object that claims a record directory's prefix for one writer
+
+
+def claim_prefix(run: ObjectUrl, name: str, run_id: str) -> bool:
+    """Claim ``<run>/<name>/`` for a record directory: true when no object lay under it and
+    this writer created its claim object (``If-None-Match: *``), so two writers reaching
+    one name never both send shards there; false when anything was there (a killed write's
+    leftovers, another writer's claim): the writer takes its next candidate name."""
+    store, prefix = bucket(run), run.child(name)
+    if store.keys(prefix.key + "/", limit=1):
+        return False
+    return store.create(prefix.child(CLAIM).key, run_id.encode()) is not None
 
 
 def upload_shard(run: ObjectUrl, name: str, local: Path) -> None:
@@ -300,9 +333,14 @@ def _whole(target: Path, header: bytes, names: list[str]) -> bool:
 
 @contextmanager
 def _fetch_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` while a copy is made (none where the file system has
+    no locks, e.g. Lustre without ``-o flock``: each process then fetches for itself)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
         yield
     finally:
         os.close(fd)
@@ -328,24 +366,35 @@ def list_entry(
     run: ObjectUrl, entry: ManifestEntry, retention: Retention | None
 ) -> ManifestEntry | None:
     """Commit ``entry`` for a record already sent whole under its name (see :func:`publish`);
-    a failed commit deletes what was sent (no manifest listed it)."""
+    a failed commit deletes what was sent, unless a manifest lists it after all (a replace
+    that succeeded though its answer was lost: it is then never listed twice either)."""
     store, name = bucket(run), entry.file
 
     def change(state: Manifest) -> set[str]:
-        state.entries.append(entry)
+        if not _lists(state.entries, entry):  # a retry after a replace whose answer was lost
+            state.entries.append(entry)
+            state.add_point(entry.run, _point(entry))
         doomed = retention(state.entries) if retention is not None else set()
         state.entries = [e for e in state.entries if e.file not in doomed]
-        state.add_point(entry.run, _point(entry))
         return doomed
 
     try:
         doomed = commit(run, change)
     except BaseException:
-        _forget(store, run.child(name))
+        try:
+            listed_now = _lists(read_manifest(run), entry)
+        except Exception:  # the outcome is unknown: leave an orphan, never delete a record
+            listed_now = True
+        if not listed_now:
+            _forget(store, run.child(name))
         raise
     for file in sorted(doomed):  # no committed manifest lists them any more
         _forget(store, run.child(file))
     return None if name in doomed else entry
+
+
+def _lists(entries: list[ManifestEntry], entry: ManifestEntry) -> bool:
+    return any(e.file == entry.file and e.digest == entry.digest for e in entries)
 
 
 def delete_unlisted(run: ObjectUrl, files: set[str]) -> None:
@@ -394,10 +443,11 @@ def remove(
             missing.append(e.file)
         else:
             files.append(RemovedFile(e.file, size, e.run))
+    left: list[str] = []  # unlisted, but their deletion failed: orphans, never read
     if not dry_run:
-        for f in files:
-            _forget(store, run.child(f.path))
-    return plan, Removed(tuple(files), tuple(missing), (), dry_run)
+        left = [f.path for f in files if not _forget(store, run.child(f.path))]
+        files = [f for f in files if f.path not in left]
+    return plan, Removed(tuple(files), tuple(missing), tuple(left), dry_run)
 
 
 def _size(store: Bucket, url: ObjectUrl) -> int | None:
@@ -409,19 +459,22 @@ def _size(store: Bucket, url: ObjectUrl) -> int | None:
     return sum(store.size(k) or 0 for k in keys) if keys else None
 
 
-def _forget(store: Bucket, url: ObjectUrl) -> None:
+def _forget(store: Bucket, url: ObjectUrl) -> bool:
     """Delete an unlisted record: its object, or a record directory's objects
-    (``header.json`` first, so what a failure leaves is never a whole-looking record)."""
+    (``header.json`` first, so what a failure leaves is never a whole-looking record).
+    False when the store refused or failed (what is left is never read as a record, and
+    ``nitro verify`` names it)."""
     try:
         if not is_directory(url.name):
             store.delete(url.key)
-            return
+            return True
         keys = store.keys(url.key + "/")
         head = url.child(HEADER_NAME).key
         for key in sorted(keys, key=lambda k: k != head):
             store.delete(key)
     except (ObjectStoreError, ConfigError):
-        pass  # an unlisted object is never read; `nitro verify` names those left behind
+        return False
+    return True
 
 
 def _point(entry: ManifestEntry) -> Point:
@@ -500,6 +553,7 @@ def _directory_header(record: ObjectUrl, expected: str) -> dict[str, Any]:
             raise TypeError("it is not an object")
     except (ValueError, TypeError) as exc:
         raise record_header.unreadable(record.shown(), exc) from None
+    header.pop("shards", None)  # its metadata, as a disk's record directory gives it
     return header
 
 
@@ -542,7 +596,7 @@ __all__ = [
     "listed",
     "fetch_directory",
     "fetch_entry",
-    "fresh_prefix",
+    "claim_prefix",
     "is_directory",
     "list_entry",
     "load",

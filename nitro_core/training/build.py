@@ -366,7 +366,7 @@ def record_writer(
         return None
     dist = where.dist
     fmt = (
-        RecordDirectory(dist, ckpt.async_write, where.storage)
+        RecordDirectory(dist, ckpt.async_write, where.storage, run_id)
         if dist.strategy == "fsdp"
         else OneFile(ckpt.async_write)
     )

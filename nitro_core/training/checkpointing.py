@@ -223,13 +223,24 @@ class RecordWriter:
         """Claim ``name``, or ``name`` with ``-run-<id>`` inserted when another run listed it
         or holds it right now."""
         listed = {e.file for e in entries}
-        stem = name.removesuffix(self.format.suffix) if self.format.suffix else name
-        for candidate in (name, f"{stem}-run-{self.run}{self.format.suffix}"):
+        suffix = self.format.suffix
+        stem = name.removesuffix(suffix) if suffix else name
+        candidates = [name, f"{stem}-run-{self.run}{suffix}"]
+        if self.storage is not None:  # killed uploads leave objects under names: more of them
+            candidates += [f"{stem}-run-{self.run}-{k}{suffix}" for k in range(1, 8)]
+        for candidate in candidates:
             if candidate in listed:
                 continue
             claim = self.format.claim(self.directory / candidate)
             if claim is not None:
                 return claim
+        if self.storage is not None:
+            raise TrainingRefused(
+                f"Run {self.run} cannot write {name!r} in {str(self.storage)!r}: objects lie "
+                f"under each of the {len(candidates)} names tried (leftovers of killed writes, "
+                "which no manifest lists). Delete the objects the manifest does not list "
+                f"(nitro verify {self.storage} names them), then continue with resume='auto'."
+            )
         raise TrainingRefused(
             f"Run {self.run} cannot write {name!r} in {str(self.directory)!r}: "
             + self.format.taken.format(run=self.run)

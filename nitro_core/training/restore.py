@@ -50,7 +50,7 @@ from nitro_core.training.loggers import Logger, check_resume_backend
 from nitro_core.training.options import LoadOptions
 from nitro_core.training.position import Position
 from nitro_core.training.ranking import Ranking
-from nitro_core.training.resume import ResumePoint
+from nitro_core.training.resume import ResumePoint, on_store
 from nitro_core.training.step import Stepper
 from nitro_core.training.stopping import EarlyStopper
 
@@ -193,8 +193,14 @@ def load_weights(
     name = type(n.experiment).__name__
     if isinstance(source, Pair) and isinstance(source.pick, Average):
         return load_average(n, source, entries)
-    if isinstance(source, PathSource) and objects.is_url(source.path):  # another S3 run's
-        resolved = remote.resolve_at(source, objects.parse(source.path, "weights").parent)
+    if isinstance(source, PathSource) and on_store(source, n.storage):  # a record on S3
+        home = (
+            objects.parse(source.path, "weights").parent
+            if objects.is_url(source.path)
+            else n.storage
+        )
+        assert home is not None
+        resolved = remote.resolve_at(source, home)
     else:
         resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
         copy_down(n, resolved)

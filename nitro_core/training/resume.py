@@ -21,10 +21,11 @@ from nitro_core.errors import (
     ResumeRefused,
 )
 from nitro_core.experiment import Experiment, config_diff
-from nitro_core.sources.grammar import Average, Pair, Source
+from nitro_core.sources import remote
+from nitro_core.sources.grammar import Average, HFDirectory, Pair, PathSource, Source
 from nitro_core.sources.resolve import resolve
 from nitro_core.state.records import Record
-from nitro_core.store import manifest, object_run
+from nitro_core.store import manifest, object_run, objects
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry
 from nitro_core.store.objects import ObjectUrl
@@ -157,7 +158,16 @@ def resume_from_source(
             f"Nothing to resume in {str(run_dir)!r} for resume={str(source)!r}: it holds no "
             "checkpoints. Use resume='auto' to start fresh when there is nothing to resume."
         )
-    found = resolve(source, run_dir, entries)
+    if isinstance(source, PathSource) and on_store(source, storage):
+        url = objects.parse(source.path, "resume") if objects.is_url(source.path) else None
+        home = url.parent if url is not None else storage
+        assert home is not None  # on_store: a URL, or a name in the storage run directory
+        if home == storage:  # a record this run directory lists: continued or branched
+            entry = remote.listed_entry(source, home)
+            return point_for(entry, entries, run_dir, storage, fetch)
+        found = remote.resolve_at(source, home)  # another run directory's record: a branch
+    else:
+        found = resolve(source, run_dir, entries)
     if found.entry is not None and found.path.parent.resolve() == run_dir.resolve():
         return point_for(found.entry, entries, run_dir, storage, fetch)
     return ResumePoint(
@@ -166,6 +176,17 @@ def resume_from_source(
         continue_run=None,
         meta=store.read_header(found.path, found.entry.expected if found.entry else None),
     )
+
+
+def on_store(source: PathSource, storage: ObjectUrl | None) -> bool:
+    """Whether a path source names a record on object storage: by its URL, or (in a run
+    directory there) by a relative name; an absolute path is a local file, and ``hf:<dir>``
+    a local Hugging Face directory."""
+    if isinstance(source, HFDirectory):
+        return False
+    if objects.is_url(source.path):
+        return True
+    return storage is not None and not Path(source.path).is_absolute()
 
 
 def latest_point(

@@ -59,9 +59,12 @@ class RecordDirectory:
         "run directory."
     )
 
-    def __init__(self, dist: Dist, async_write: bool, storage: ObjectUrl | None = None) -> None:
+    def __init__(
+        self, dist: Dist, async_write: bool, storage: ObjectUrl | None = None, run: str = ""
+    ) -> None:
         self.dist = dist
         self.async_write = async_write
+        self.run = run  # the run whose writer claims a prefix (object storage)
         # object storage: each rank sends its shard under the record's fresh prefix as soon
         # as it is written and hashed; rank 0 then sends header.json (store.object_run)
         self.storage = storage
@@ -69,8 +72,10 @@ class RecordDirectory:
     def claim(self, path: Path) -> Claim | None:
         if path.exists():
             return None
-        if self.storage is not None and not object_run.fresh_prefix(self.storage, path.name):
-            return None  # objects a killed write sent under this name: never reused
+        if self.storage is not None and not object_run.claim_prefix(
+            self.storage, path.name, self.run
+        ):
+            return None  # objects under this name (a killed write's, another writer's claim)
         return _Named(path)
 
     def write(

@@ -61,7 +61,7 @@ def _delete(args: argparse.Namespace) -> int:
         for name in result.missing:
             yield f"  already gone: {name}"
         for name in result.skipped:
-            yield f"  left alone (a link or directory): {name}"
+            yield f"  left in place (a link or directory, or an object not deleted): {name}"
         if result.dry_run and result.files_total:
             yield "Nothing was deleted; add --no-dry-run to delete them."
 

@@ -10,7 +10,6 @@ kills it.
 from __future__ import annotations
 
 from datetime import datetime
-from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from mcp.server.mcpserver import Context
@@ -22,7 +21,7 @@ from nitro_core.jobs.call_models import Refusal
 from nitro_core.jobs.files import TERMINAL, job_dir, log_tail
 from nitro_core.jobs.groups import is_group_id
 from nitro_core.policy import retention
-from nitro_core.store import manifest
+from nitro_core.store import listing, manifest
 from nitro_mcp import following, job_cleanup, models, seed_groups
 from nitro_mcp.echo import clip
 from nitro_mcp.gate import Gate, Progress, next_step, page
@@ -148,7 +147,7 @@ def _status_result(gate: Gate, status: JobStatus) -> models.JobStatusResult:
     hint = gate.hint(status, spec)
     kept = []
     if status.run_id:
-        entries = manifest.read_manifest(Path(status.run_dir))
+        entries = listing.read_manifest(status.run_dir)  # a path, or an object-store URL
         why = retention.explain(entries, status.run_id)
         kept = [
             models.KeptCheckpoint(

@@ -156,6 +156,12 @@ def _start_group(
         )
     for seed in seeds:
         _check_seed(seed)
+    if gate.storage_url(call.run_dir) is not None:
+        raise ConfigError(
+            f"seeds={clip(seeds)} trains each seed in a run directory of its own under "
+            f"run_dir, on this machine's disk; run_dir={clip(call.run_dir)} is on object "
+            "storage. Send a local run_dir with seeds, or train one seed there (no seeds)."
+        )
     base = gate.run_dir(call.run_dir, call.experiment)
     checked = []
     for seed in seeds:

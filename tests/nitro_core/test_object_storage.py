@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -391,6 +392,17 @@ def test_a_run_trained_on_s3_resumes_bit_for_bit(s3, tmp_path, prefix, monkeypat
     listed = read_manifest(url)
     assert [e.epoch for e in listed] == [1, 2]
     assert keys(client, bucket, f"{prefix}/run") == {"manifest.json", *(e.file for e in listed)}
+    for named in (listed[-1].file, f"{url}/{listed[-1].file}"):  # by its name, by its URL
+        h = Nitro(KeepMany(max_epochs=4), run_dir=url, resume=named)
+        assert (h.run_id, h.epoch) == (b.run_id, 2)  # read on S3, continued
+        h.close()
+    branch = Nitro(
+        KeepMany(max_epochs=4), run_dir=tmp_path / "b2", resume=f"{url}/{listed[0].file}"
+    )
+    assert branch.run_id != b.run_id and branch.epoch == 1  # another directory's: a branch
+    branch.close()
+    with pytest.raises(CheckpointMissing, match="is not a record the manifest"):
+        Nitro(KeepMany(max_epochs=4), run_dir=url, resume="nothing.safetensors")
     c = Nitro(KeepMany(max_epochs=4), run_dir=url, resume="auto")  # run C: B's record, down
     assert c.run_id == b.run_id and c.epoch == 2
     c.train()
@@ -405,7 +417,7 @@ def test_a_run_trained_on_s3_resumes_bit_for_bit(s3, tmp_path, prefix, monkeypat
     assert all(c.ok for c in verify(url))
     staged = object_run.staging(objects.parse(url))
     assert staged == tmp_path / "staging" / bucket / prefix / "run"
-    uploaded = {e.file for e in on_s3} - {on_s3[1].file}  # the resumed one was copied down
+    uploaded = {e.file for e in on_s3} - {on_s3[0].file, on_s3[1].file}  # resumed: copied down
     assert not uploaded & {p.name for p in staged.iterdir()}  # each uploaded, then removed
 
 
@@ -611,7 +623,7 @@ def test_an_fsdp_run_on_s3_writes_sharded_records_and_resumes_bit_for_bit(
     url, a, out, env = two_ranks_a_and_b(s3, tmp_path, prefix, monkeypatch, "fsdp")
     listed = read_manifest(url)
     assert [e.epoch for e in listed] == [1, 2]
-    shard_names = {"header.json", *(f"shard-0000{r}-model-00001-of-00001.safetensors" for r in (1, 2))}  # fmt: skip
+    shard_names = {".claim", "header.json", *(f"shard-0000{r}-model-00001-of-00001.safetensors" for r in (1, 2))}  # fmt: skip
     assert keys(client, bucket, f"{prefix}/fsdp") == {
         "manifest.json",
         *(f"{e.file}/{name}" for e in listed for name in shard_names),
@@ -625,7 +637,8 @@ def test_an_fsdp_run_on_s3_writes_sharded_records_and_resumes_bit_for_bit(
     assert [e.epoch for e in listed] == [1, 2, 3, 4]
     for e in listed:  # its bytes: the objects under its prefix, summed
         r = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/fsdp/{e.file}/")
-        assert e.bytes == sum(o["Size"] for o in r["Contents"]), e.file
+        sizes = [o["Size"] for o in r["Contents"] if not o["Key"].endswith("/.claim")]
+        assert e.bytes == sum(sizes), e.file
     assert listed[2].file.startswith(f"{third}-run-")  # the orphan's name is never reused
     assert client.get_object(Bucket=bucket, Key=orphan)["Body"].read() == b"half"
     assert checkpoint_info(f"{url}/{listed[-1].file}")["distributed"] == {
@@ -633,6 +646,8 @@ def test_an_fsdp_run_on_s3_writes_sharded_records_and_resumes_bit_for_bit(
         "strategy": "fsdp",
     }
     assert [(c.file, c.ok) for c in verify(url)] == [(e.file, True) for e in listed]
+    one = verify(f"{url}/{listed[0].file}")  # a record directory, by its URL
+    assert [(c.file, c.ok) for c in one] == [(listed[0].file, True)]
     weights = Nitro(  # one process reads the sharded record from S3 as it does from a disk
         __import__("tests.nitro_core.distributed.rank_script", fromlist=["x"]).DistRegression(
             max_epochs=1, samples=520, batch_size=32
@@ -648,3 +663,41 @@ def test_an_fsdp_run_on_s3_writes_sharded_records_and_resumes_bit_for_bit(
     checked = verify(f"s3://{bucket}/{prefix}/pushed")
     assert [(c.file, c.ok) for c in checked] == [(e.file, True) for e in pushed]
     assert push(a, f"s3://{bucket}/{prefix}/pushed") == []  # again: nothing twice
+
+
+@pytest.mark.slow  # torchrun, 2 processes, killed
+def test_killing_fsdp_ranks_during_shard_uploads_never_lists_a_partial_record(
+    s3, tmp_path, prefix, monkeypatch
+):
+    from tests.nitro_core.distributed.conftest import SCRIPT, assert_same_final, torchrun
+
+    client, bucket = s3
+    url, a, out, env = two_ranks_a_and_b(s3, tmp_path, prefix, monkeypatch, "fsdp")
+    rng = random.Random(22)
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(SCRIPT), url, "4", "auto", "fsdp",
+    ]  # fmt: skip
+    slowed = {**os.environ, **env, "OMP_NUM_THREADS": "1", "NITRO_TEST_SLOW_UPLOAD": "0.3"}
+    killed = 0
+    for _ in range(4):  # each: the ranks killed at a random moment of a record's uploads
+        for marker in out.glob("uploading-*"):
+            marker.unlink()
+        proc = subprocess.Popen(command, env=slowed, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 300
+        while not any(out.glob("uploading-*")) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no shard upload began"
+            time.sleep(0.05)
+        if proc.poll() is None:
+            time.sleep(rng.uniform(0, 0.8))  # inside one record's uploads, or the next one's
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed += 1
+        proc.wait()
+        listed = read_manifest(url)
+        checks = verify(url)  # every listed record whole: each shard against header.json
+        assert [(c.file, c.ok) for c in checks] == [(e.file, True) for e in listed], checks
+    assert killed >= 2
+    torchrun(2, url, 4, "auto", "fsdp", env=env)  # the rest, from the last listed record
+    assert_same_final(a, "4-false-fsdp-w2", out, "4-auto-fsdp-w2")  # bit for bit
+    assert [e.epoch for e in read_manifest(url)] == [1, 2, 3, 4]

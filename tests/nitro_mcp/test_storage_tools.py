@@ -63,6 +63,11 @@ def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(store
                 a = await call(client, "average", run_dir=run_dir, save=save, validate=True,
                                source="latest => Average(Last(2))", wait_s=60)  # fmt: skip
                 averaged.append(await ended(client, a, root))
+            best = validated[0][1]["checkpoint"].rsplit("/", 1)[-1]
+            for weights in (f"{url}/{best}", f"s3://elsewhere/runs/Classifier/{best}"):
+                v = await call(client, "nitro_validate", experiment="Classifier",
+                               run_dir="runs/Classifier", weights=weights, wait_s=60)  # fmt: skip
+                validated.append(await ended(client, v, root))
             again = await call(client, "average", run_dir=url, save=f"{storage}/avg.safetensors",
                                source="latest => Average(Last(2))")  # fmt: skip
             outside = [
@@ -71,6 +76,10 @@ def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(store
                              "gs://nitro-gate/runs/Classifier")
             ]  # fmt: skip
             info = await call(client, "nitro_checkpoint_info", path=f"{url}/{listed[-1].file}")
+            hf_url = await call(client, "nitro_validate", experiment="Classifier", run_dir=url,
+                                weights=f"hf:{storage}/models/m")  # fmt: skip
+            seeds = await call(client, "nitro_train", experiment="Classifier", run_dir=url,
+                               seeds=[0, 1])  # fmt: skip
             save_outside = await call(client, "average", run_dir=url,
                                       source="latest => Average(Last(2))",
                                       save=f"s3://{BUCKET}/avg.safetensors")  # fmt: skip
@@ -87,18 +96,23 @@ def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(store
             unstored,
             train_unstored,
             info,
+            hf_url,
+            seeds,
         )
 
-    page, validated, averaged, again, outside, save_outside, unstored, train_unstored, info = (
-        anyio.run(go)
-    )
+    replies = anyio.run(go)
+    page, validated, averaged, again, outside, save_outside, unstored, train_unstored = replies[:8]
+    info, hf_url, seeds = replies[8:]
     err, body = page
     assert not err, body
     assert body["run_dir"] == url and body["total"] == len(listed)
     assert [e["file"] for e in body["entries"]] == [e.file for e in listed]
 
-    (e1, on_disk), (e2, on_s3) = validated
-    assert not e1 and not e2, (on_disk, on_s3)
+    (e1, on_disk), (e2, on_s3), (e3, by_url), (e4, outside_weights) = validated
+    assert not e1 and not e2 and not e3, (on_disk, on_s3, by_url)
+    assert by_url["metrics"] == on_disk["metrics"]  # a local run, weights from S3 by URL
+    assert e4 and "weights='s3://elsewhere/" in outside_weights, outside_weights
+    assert "lies outside the server's storage" in outside_weights, outside_weights
     assert on_disk["state"] == on_s3["state"] == "succeeded", (on_disk, on_s3)
     assert on_s3["metrics"] == on_disk["metrics"]  # the same record, bit for bit
     assert on_s3["checkpoint"] == f"{url}/{on_disk['checkpoint'].rsplit('/', 1)[-1]}"
@@ -126,6 +140,11 @@ def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(store
     for err, text in (unstored, train_unstored):
         assert err and "is on object storage, which this server was not started with" in text
         assert "nitro serve --storage s3://bucket/prefix" in text, text
+    err, text = hf_url
+    assert err and "hf: takes a local Hugging Face model directory" in text, text
+    err, text = seeds
+    assert err and f"run_dir='{url}' is on object storage" in text, text
+    assert "Send a local run_dir with seeds" in text, text
     err, text = info  # a tool that takes paths only: refused, never read as "s3:/..."
     assert err and "is a URL, and path takes a path here" in text, text
     assert not (root / "s3:").exists()  # a URL is never taken for a path under the root
@@ -159,6 +178,7 @@ def test_the_gate_trains_resumes_exports_and_deletes_on_s3(stored):
     assert more[1]["run_dir"] == url
     assert [epoch for _, epoch in entries] == [1, 2, 3]
     assert more[1]["result"]["kept_total"] == 3, more[1]["result"]  # read on S3
+    assert len(more[1]["kept"]) == 3, more[1]  # nitro_status reads the S3 manifest too
     assert more[1]["result"]["epoch"] == 3
     assert len({run for run, _ in entries}) == 1  # the second job continued the first's run
     err, body = export

@@ -71,6 +71,25 @@ def slow_shard_writes(seconds: float, run_dir: str) -> None:
     shard_writer.ShardWriter.write_data = slowed
 
 
+def slow_shard_uploads(seconds: float, out: str) -> None:
+    """Test hook (object storage): each rank, as it sends its shard, leaves a marker
+    ``uploading-rank<r>-<n>`` in ``out`` and sleeps first, so that a test can wait for an
+    upload and kill the ranks in the middle of a record's uploads."""
+    import time
+
+    from nitro_core.store import object_run
+
+    upload, count = object_run.upload_shard, [0]
+
+    def slowed(run, name, local):
+        count[0] += 1
+        Path(out, f"uploading-rank{os.environ.get('RANK', '0')}-{count[0]}").touch()
+        time.sleep(seconds)
+        return upload(run, name, local)
+
+    object_run.upload_shard = slowed
+
+
 def restore_and_dump(run_dir: str, source: str, strategy: str) -> None:
     """A new run taking ``source``'s weights and optimizer moments (restore_optimizer=True);
     each rank writes the whole optimizer state it then holds, keyed ``<param>/<slot>``, and
@@ -125,6 +144,11 @@ def main() -> None:
         os.makedirs(sys.argv[1], exist_ok=True)
         restore_and_dump(sys.argv[1], os.environ["NITRO_TEST_RESTORE_FROM"], sys.argv[4])
         return
+    if os.environ.get("NITRO_TEST_SLOW_UPLOAD"):
+        os.makedirs(os.environ["NITRO_TEST_OUT"], exist_ok=True)
+        slow_shard_uploads(
+            float(os.environ["NITRO_TEST_SLOW_UPLOAD"]), os.environ["NITRO_TEST_OUT"]
+        )
     if os.environ.get("NITRO_TEST_SLOW_SHARD_WRITE"):
         slow_shard_writes(float(os.environ["NITRO_TEST_SLOW_SHARD_WRITE"]), sys.argv[1])
     run_dir, epochs, resume, strategy = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
