@@ -32,8 +32,9 @@ import torch
 
 from nitro_core.errors import CheckpointCorrupt, ConfigError, arg
 from nitro_core.sources.grammar import Average, Pair, to_source
-from nitro_core.sources.remote import resolve_at
+from nitro_core.sources.remote import resolve_at, weights_copies
 from nitro_core.sources.resolve import Resolved, resolve
+from nitro_core.state.loading import WEIGHTS
 from nitro_core.state.records import (
     FORMAT_VERSION,
     framework_version,
@@ -337,9 +338,10 @@ def average_checkpoints(
         )
     if save is not None:
         refuse_new(save)
-    if is_url(run_dir):
-        resolved = resolve_at(src, parse(str(run_dir)))  # the picks copied down
-        result = average(resolved, resolved.path.parent, shown=str(parse(str(run_dir))))
+    if is_url(run_dir):  # the picks' weights copied down (their ranges), then streamed
+        url = parse(str(run_dir))
+        with weights_copies(url, resolve_at(src, url, copy=False), WEIGHTS) as (here, private):
+            result = average(here, private, shown=str(url))
     else:
         run_dir = Path(run_dir)
         result = average(resolve(src, run_dir, manifest.read_manifest(run_dir)), run_dir)

@@ -10,6 +10,9 @@ must be one the manifest lists: an unlisted object is never read as a record.
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -24,11 +27,16 @@ from nitro_core.store.objects import ObjectUrl
 
 
 def resolve_at(
-    source: Source, run: ObjectUrl, pair: ScorePair | None = None, picks: bool = True
+    source: Source,
+    run: ObjectUrl,
+    pair: ScorePair | None = None,
+    picks: bool = True,
+    copy: bool = True,
 ) -> Resolved:
     """``source`` resolved in the object-store run directory ``run``, the records it names
     copied down (their paths are in the staging directory); ``picks=False``: of an
-    ``Average``, only its state record (whose header says what the average is). A record
+    ``Average``, only its state record (whose header says what the average is);
+    ``copy=False``: nothing (see :func:`weights_copies`). A record
     named by its URL is resolved in its own run directory; one named by a relative name is
     a record ``run`` lists; an absolute path is a local file."""
     here = object_run.staging(run)
@@ -41,11 +49,30 @@ def resolve_at(
         )
     if _record_name(source):
         entry = listed_entry(source, run)
-        return Resolved(source, object_run.fetch_entry(run, entry, here), entry)
+        return Resolved(source, object_run.fetch_entry(run, entry, here) if copy else here /
+                        entry.file, entry)  # fmt: skip
     state = object_run.load(run).manifest
     resolved = resolve(source, here, list(state.entries), pair, state.points)
-    fetch(run, resolved if picks else replace(resolved, picked=()))
+    if copy:
+        fetch(run, resolved if picks else replace(resolved, picked=()))
     return resolved
+
+
+@contextmanager
+def weights_copies(
+    run: ObjectUrl, resolved: Resolved, sections: Collection[str]
+) -> Iterator[tuple[Resolved, Path]]:
+    """The records ``resolved`` names in ``run`` (an average's picks, or its one record),
+    copied down with only ``sections`` (:func:`~nitro_core.store.object_run.fetch_sections`:
+    an average never reads optimizer state) into a private directory, removed on exit (a
+    tensor mapped from a copy stays valid); yields ``resolved`` pointing there, and it."""
+    here = object_run.staging(run)
+    here.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".weights-", dir=here) as tmp:
+        private = Path(tmp)
+        for e in _named(resolved):
+            object_run.fetch_sections(run, e, private, sections)
+        yield replace(resolved, path=private / resolved.path.name), private
 
 
 def _record_url(source: object) -> TypeGuard[PathSource]:
@@ -72,13 +99,17 @@ def listed_entry(source: PathSource, run: ObjectUrl) -> ManifestEntry:
     return object_run.listed(run.child(name))  # an unlisted object: refused
 
 
+def _named(resolved: Resolved) -> tuple[ManifestEntry, ...]:
+    """The listed records ``resolved`` names: an average's picks, or its one record."""
+    return resolved.picked or ((resolved.entry,) if resolved.entry is not None else ())
+
+
 def fetch(run: ObjectUrl, resolved: Resolved) -> None:
     """Copy down the listed records of ``run`` that ``resolved`` names (one, or an average's
     picks) into its staging directory, where ``resolved``'s paths point; a local record it
     names (an absolute path) stays where it is."""
     here = object_run.staging(run)
-    named = resolved.picked or ((resolved.entry,) if resolved.entry is not None else ())
-    for e in named:
+    for e in _named(resolved):
         if resolved.picked or resolved.path == here / e.file:
             object_run.fetch_entry(run, e, here)
 
@@ -107,4 +138,4 @@ def resolve_in(
     return src, resolve(src, run_dir, manifest.read_manifest(run_dir))
 
 
-__all__ = ["fetch", "listed_entry", "resolve_at", "resolve_in"]
+__all__ = ["fetch", "listed_entry", "resolve_at", "resolve_in", "weights_copies"]

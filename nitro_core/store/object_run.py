@@ -24,7 +24,7 @@ import shutil
 import struct
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +42,7 @@ from nitro_core.store.claims import refuse_existing
 from nitro_core.store.deletion import Doomed, Removed, RemovedFile
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point, parse_manifest
 from nitro_core.store.manifest_file import MANIFEST_NAME
-from nitro_core.store.objects import Bucket, ObjectUrl, bucket
+from nitro_core.store.objects import PART, Bucket, ObjectUrl, bucket
 from nitro_core.store.shard_header import HEADER_NAME
 
 T = TypeVar("T")
@@ -505,9 +505,22 @@ def listed(record: ObjectUrl) -> ManifestEntry:
 def read_header(record: ObjectUrl, expected: str) -> dict[str, Any]:
     """The ``nitro`` metadata of a listed record, from ranged reads of its header bytes
     only, checked against the manifest's digest ``expected``."""
-    store, shown = bucket(record), record.shown()
     if is_directory(record.name):
         return _directory_header(record, expected)
+    _, header, _ = _head(record, expected)
+    try:
+        meta = json.loads(header["__metadata__"][record_header.META_KEY])
+        if not isinstance(meta, dict):
+            raise TypeError("its nitro metadata is not an object")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise record_header.unreadable(record.shown(), exc) from None
+    return meta
+
+
+def _head(record: ObjectUrl, expected: str) -> tuple[bytes, dict[str, Any], int]:
+    """A listed record file's header bytes (``8 + N``), its parsed JSON header and the
+    object's size, by ranged reads, checked against the manifest's digest and the size."""
+    store, shown = bucket(record), record.shown()
     size = store.size(record.key)
     if size is None:
         raise _gone(record)
@@ -523,17 +536,69 @@ def read_header(record: ObjectUrl, expected: str) -> dict[str, Any]:
     record_header.check_header(shown, head, expected)
     try:
         header = json.loads(head[8:])
-        meta = json.loads(header.pop("__metadata__")[record_header.META_KEY])
-        if not isinstance(meta, dict):
-            raise TypeError("its nitro metadata is not an object")
-        data = max((v["data_offsets"][1] for v in header.values()), default=0)
+        if not isinstance(header, dict):
+            raise TypeError("it is not an object")
+        data = max(
+            (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0
+        )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise record_header.unreadable(shown, exc) from None
     if len(head) + data != size:
         if len(head) + data > size:
             raise record_header.truncated(shown, len(head) + data - size)
         raise record_header.appended(shown)
-    return meta
+    return head, header, size
+
+
+def fetch_sections(
+    storage: ObjectUrl, entry: ManifestEntry, into: Path, sections: Collection[str]
+) -> Path:
+    """A copy in ``into`` of the listed record ``entry`` holding only ``sections`` (an
+    average reads params, buffers and EMA, never the optimizer state): its header, checked
+    against the manifest, and those sections' bytes, by ranged reads; the file is as long as
+    the record, the other sections' bytes holes its readers never read (a reader of a
+    section checks it against the header's digest, so a hole read is refused). A record
+    directory is copied whole."""
+    if is_directory(entry.file):
+        return fetch_directory(storage.child(entry.file), into)
+    record = storage.child(entry.file)
+    head, header, size = _head(record, entry.expected)
+    spans = sorted(
+        (len(head) + v["data_offsets"][0], len(head) + v["data_offsets"][1])
+        for k, v in header.items()
+        if k != "__metadata__" and digest.section_of(k) in sections
+    )
+    merged: list[list[int]] = []
+    for start, stop in spans:  # sections lie together: a few ranges, each read in parts
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], stop)
+        else:
+            merged.append([start, stop])
+    parts = [(a, min(stop, a + PART)) for start, stop in merged for a in range(start, stop, PART)]
+
+    def fill(fd: int) -> None:
+        os.ftruncate(fd, size)  # the sections not fetched: holes
+        os.pwrite(fd, head, 0)
+        bucket(record).download_ranges(record.key, parts, fd)
+
+    return _written(into, entry.file, fill)
+
+
+def _written(into: Path, name: str, fill: Callable[[int], None]) -> Path:
+    """``into/<name>``, made whole by ``fill(fd)`` in a temporary file first (a failure
+    leaves nothing), then renamed into place."""
+    into.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".fetch-", suffix=".tmp", dir=into)
+    try:
+        fill(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    target = into / name
+    os.replace(tmp, target)
+    return target
 
 
 def _directory_header(record: ObjectUrl, expected: str) -> dict[str, Any]:
@@ -564,18 +629,7 @@ def fetch(record: ObjectUrl, into: Path) -> Path:
     size = store.size(record.key)
     if size is None:
         raise _gone(record)
-    into.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=".fetch-", suffix=".tmp", dir=into)
-    try:
-        store.download(record.key, size, fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(name)
-        raise
-    os.close(fd)
-    target = into / record.name
-    os.replace(name, target)
-    return target
+    return _written(into, record.name, lambda fd: store.download(record.key, size, fd))
 
 
 def _gone(record: ObjectUrl) -> CheckpointMissing:
@@ -596,6 +650,7 @@ __all__ = [
     "listed",
     "fetch_directory",
     "fetch_entry",
+    "fetch_sections",
     "claim_prefix",
     "is_directory",
     "list_entry",

@@ -201,17 +201,23 @@ class Bucket:
     def download(self, key: str, size: int, fd: int) -> None:
         """Write the object's ``size`` bytes into ``fd`` by ranged reads of :data:`PART`
         bytes, :data:`WORKERS` at once."""
+        self.download_ranges(key, [(a, min(size, a + PART)) for a in range(0, size, PART)], fd)
 
-        def take(start: int) -> None:
-            body = self.get_range(key, start, min(size, start + PART))
-            if len(body) != min(size, start + PART) - start:
+    def download_ranges(self, key: str, ranges: list[tuple[int, int]], fd: int) -> None:
+        """Write bytes ``start`` to ``stop`` of the object, for each range, at the same
+        offsets of ``fd`` (ranges of at most :data:`PART` bytes, :data:`WORKERS` at once)."""
+
+        def take(span: tuple[int, int]) -> None:
+            start, stop = span
+            body = self.get_range(key, start, stop)
+            if len(body) != stop - start:
                 raise ObjectStoreError(
                     f"s3://{self.name}/{key} changed size while it was read; read it again."
                 )
             os.pwrite(fd, body, start)
 
         with ThreadPoolExecutor(WORKERS, thread_name_prefix="nitro-download") as pool:
-            list(pool.map(take, range(0, size, PART)))
+            list(pool.map(take, ranges))
 
     def delete(self, key: str) -> None:
         self._call("delete_object", Key=key)

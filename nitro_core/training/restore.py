@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from nitro_core.averaging import average
+from nitro_core.averaging import Averaged, average
 from nitro_core.errors import (
     WEIGHTS_ONLY,
     CheckpointNotFound,
@@ -274,6 +274,15 @@ def copy_down(n: Restorable, resolved: Resolved) -> None:
         remote.fetch(n.storage, resolved)
 
 
+def average_of(n: Restorable, resolved: Resolved, load_ema: bool = False) -> Averaged:
+    """The average ``resolved`` names: read in the run directory, or on object storage from
+    copies of the picks' weights alone (never their optimizer state), removed after."""
+    if n.storage is None:
+        return average(resolved, n.run_dir, load_ema=load_ema)
+    with remote.weights_copies(n.storage, resolved, WEIGHTS) as (here, private):
+        return average(here, private, load_ema=load_ema, shown=str(n.storage))
+
+
 def points_of(n: Restorable) -> dict[str, list[Point]] | None:
     """The runs' points an ``Average`` counts: the object store's manifest's for a run
     directory there, else None (the resolver reads the disk's)."""
@@ -285,8 +294,7 @@ def load_average(
 ) -> dict[str, Any] | None:
     """``weights=... => Average(...)``: load the average into a new run."""
     resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points_of(n))
-    copy_down(n, resolved)
-    result = average(resolved, n.run_dir, load_ema=n.options.load_ema)
+    result = average_of(n, resolved, load_ema=n.options.load_ema)
     warn_config_changed(result.meta, n, repr(str(source)))
     state = result.ema if n.options.load_ema else result.state
     assert state is not None  # average() refuses load_ema when a picked record has no EMA
@@ -311,8 +319,7 @@ def restore_average(n: Restorable, avg: Average, entries: list[ManifestEntry]) -
             stacklevel=4,
         )
         return None
-    copy_down(n, resolved)
-    result = average(resolved, n.run_dir)
+    result = average_of(n, resolved)
     n.model.load_state_dict(fsdp_state.placed(n.model, result.state))
     if n.ema is not None:
         if result.ema is not None:

@@ -9,6 +9,7 @@ longer lists; two processes committing at once lose nothing and duplicate nothin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -669,7 +670,12 @@ def test_an_fsdp_run_on_s3_writes_sharded_records_and_resumes_bit_for_bit(
 def test_killing_fsdp_ranks_during_shard_uploads_never_lists_a_partial_record(
     s3, tmp_path, prefix, monkeypatch
 ):
-    from tests.nitro_core.distributed.conftest import SCRIPT, assert_same_final, torchrun
+    from tests.nitro_core.distributed.conftest import (
+        SCRIPT,
+        assert_same_final,
+        rank_pids,
+        torchrun,
+    )
 
     client, bucket = s3
     url, a, out, env = two_ranks_a_and_b(s3, tmp_path, prefix, monkeypatch, "fsdp")
@@ -678,26 +684,82 @@ def test_killing_fsdp_ranks_during_shard_uploads_never_lists_a_partial_record(
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         str(SCRIPT), url, "4", "auto", "fsdp",
     ]  # fmt: skip
-    slowed = {**os.environ, **env, "OMP_NUM_THREADS": "1", "NITRO_TEST_SLOW_UPLOAD": "0.3"}
-    killed = 0
-    for _ in range(4):  # each: the ranks killed at a random moment of a record's uploads
+    slowed = {**os.environ, **env, "OMP_NUM_THREADS": "1", "NITRO_TEST_SLOW_UPLOAD": "1.0",
+              "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    killed, logs = 0, []
+    for trial in range(4):  # each: the ranks killed at a random moment of a record's uploads
         for marker in out.glob("uploading-*"):
             marker.unlink()
-        proc = subprocess.Popen(command, env=slowed, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        logs.append(tmp_path / f"trial-{trial}.log")
+        with open(logs[-1], "wb") as log:
+            proc = subprocess.Popen(command, env=slowed, start_new_session=True,
+                                    stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
         deadline = time.monotonic() + 300
         while not any(out.glob("uploading-*")) and proc.poll() is None:
             assert time.monotonic() < deadline, "no shard upload began"
             time.sleep(0.05)
         if proc.poll() is None:
-            time.sleep(rng.uniform(0, 0.8))  # inside one record's uploads, or the next one's
-            os.killpg(proc.pid, signal.SIGKILL)
+            time.sleep(rng.uniform(0, 1.5))  # inside a record's uploads (1 s), or after its commit
+            ranks = rank_pids(proc.pid)  # torchrun starts each rank in a session of its own
+            for pid in [*ranks.values(), proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             killed += 1
         proc.wait()
+        logs[-1].write_text(logs[-1].read_text() + f"\n[exit {proc.returncode}]")
         listed = read_manifest(url)
         checks = verify(url)  # every listed record whole: each shard against header.json
         assert [(c.file, c.ok) for c in checks] == [(e.file, True) for e in listed], checks
-    assert killed >= 2
+    assert killed == 4, "\n".join(p.read_text()[-3000:] for p in logs)
     torchrun(2, url, 4, "auto", "fsdp", env=env)  # the rest, from the last listed record
     assert_same_final(a, "4-false-fsdp-w2", out, "4-auto-fsdp-w2")  # bit for bit
     assert [e.epoch for e in read_manifest(url)] == [1, 2, 3, 4]
+
+
+class WideMany(Wide):
+    def checkpointer(self):
+        return Checkpointer(keep=Last(20))
+
+
+def weights_bytes(path: Path) -> int:
+    """A record file's header and its params/buffers/EMA bytes (what a weights read needs)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    sections = ("params/", "buffers/", "ema/")
+    return (
+        8
+        + n
+        + sum(
+            v["data_offsets"][1] - v["data_offsets"][0]
+            for k, v in header.items()
+            if k.startswith(sections)
+        )
+    )
+
+
+def test_an_average_on_s3_reads_the_weights_ranges_only(s3, tmp_path, prefix, monkeypatch):
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    disk, url = tmp_path / "wide", f"s3://{s3[1]}/{prefix}/wide"
+    trained(disk, WideMany, epochs=3)  # AdamW: two moments a parameter, ~2/3 of each record
+    push(disk, url)
+    got: list[tuple[str, int, int]] = []
+    real = objects.Bucket.get_range
+
+    def counted(self, key, start, stop):
+        got.append((key, start, stop))
+        return real(self, key, start, stop)
+
+    monkeypatch.setattr(objects.Bucket, "get_range", counted)
+    source = "latest => Average(Last(3))"
+    here, there = average_checkpoints(disk, source), average_checkpoints(url, source)
+    for k, v in here.state.items():
+        assert torch.equal(v, there.state[k]), k
+    picked = here.averaged_from["files"]
+    fetched = sum(b - a for key, a, b in got if key.rsplit("/", 1)[-1] in picked)
+    whole = sum((disk / f).stat().st_size for f in picked)
+    needed = sum(weights_bytes(disk / f) for f in picked)
+    assert needed < 0.4 * whole  # the optimizer's moments are most of each record
+    assert needed <= fetched <= needed + len(picked) * 64 * 1024  # + each first header read
+    staged = object_run.staging(objects.parse(url))
+    assert not [p for p in staged.iterdir() if p.name.startswith(".weights-")]  # removed

@@ -82,3 +82,21 @@ def assert_both_ranks_stopped_on_rank_0s_failed_write(
         "error (injected)); every rank stops here."
     ) in done.stderr
     assert [e.epoch for e in read_manifest(run_dir)] == [1]  # the first record, intact
+
+
+def rank_pids(launcher: int) -> dict[int, int]:
+    """``{rank: pid}`` of the rank processes torchrun ``launcher`` started."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+                cmdline = (proc / "cmdline").read_bytes()
+                environ = (proc / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == launcher and b"rank_script.py" in cmdline:
+                rank = next(v for v in environ if v.startswith(b"RANK="))
+                found[int(rank.removeprefix(b"RANK="))] = int(proc.name)
+    return found

@@ -30,6 +30,7 @@ from tests.nitro_core.distributed.conftest import (
     assert_both_ranks_stopped_on_rank_0s_failed_write,
     assert_equal_tensors,
     one_process,
+    rank_pids,
     tensors,
     torchrun,
 )
@@ -125,9 +126,9 @@ def test_killing_a_rank_mid_write_leaves_the_manifest_and_the_previous_records(
         time.sleep(0.05)
     assert marker.exists(), "the third epoch's write never started"
     assert [p.name for p in tmp_path.glob("epoch-0003*.tmp")], "no partial record to kill"
-    rank_pids = _rank_pids(child.pid)
-    assert sorted(rank_pids) == [0, 1], rank_pids
-    os.kill(rank_pids[1], signal.SIGKILL)  # rank 1, inside its shard write
+    ranks = rank_pids(child.pid)
+    assert sorted(ranks) == [0, 1], ranks
+    os.kill(ranks[1], signal.SIGKILL)  # rank 1, inside its shard write
     child.wait(timeout=600)
     assert child.returncode != 0
     assert read_manifest(tmp_path) == before
@@ -137,24 +138,6 @@ def test_killing_a_rank_mid_write_leaves_the_manifest_and_the_previous_records(
     torchrun(2, tmp_path, 3, "auto", "fsdp")
     assert [e.epoch for e in read_manifest(tmp_path)] == [1, 2, 3]
     assert not list(tmp_path.glob("*.tmp"))  # the new write replaced the partial one
-
-
-def _rank_pids(launcher: int) -> dict[int, int]:
-    """``{rank: pid}`` of the rank processes torchrun ``launcher`` started."""
-    found = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                stat = (proc / "stat").read_text()
-                cmdline = (proc / "cmdline").read_bytes()
-                environ = (proc / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == launcher and b"rank_script.py" in cmdline:
-                rank = next(v for v in environ if v.startswith(b"RANK="))
-                found[int(rank.removeprefix(b"RANK="))] = int(proc.name)
-    return found
 
 
 def test_a_sharded_record_has_nothing_pickled(tmp_path: Path) -> None:
