@@ -6,6 +6,7 @@ server the benchmark starts on 127.0.0.1 (tests/s3_server.py) and stops.
   ``upload_file`` of the same file (s3transfer's concurrent multipart, no condition);
 - read: ``object_run.fetch`` of it (concurrent ranged GETs) against boto3's
   ``download_file``;
+- both also against s3fs's ``put`` and ``cat_file`` (fsspec), where s3fs is installed;
 - the manifest commit (read, change, conditional replace) with 100 and 10,000 entries.
 
 Targets (issue 22): write and read within 1.2x the plain transfer.
@@ -95,15 +96,29 @@ def main() -> None:
         def plain_read() -> None:
             client.download_file("bench", "plain/read", str(Path(tmp, "plain-read")))
 
+        fs = _s3fs(endpoint)  # the issue's baseline, where s3fs is installed
+
+        def fs_write() -> None:
+            fs.put(str(record), f"bench/fsspec/{uuid.uuid4().hex}")
+
+        def fs_read() -> None:
+            fs.cat_file("bench/plain/read")
+
         rows = []
-        for what, ours, theirs in (("write", nitro_write, plain_write),
-                                   ("read", nitro_read, plain_read)):  # fmt: skip
+        for what, ours, theirs, fsspec in (("write", nitro_write, plain_write, fs_write),
+                                           ("read", nitro_read, plain_read, fs_read)):  # fmt: skip
             ours(), theirs()  # warm
             a, b = timed(ours, args.reps), timed(theirs, args.reps)
             rows.append((what, a, b))
             mb = size / 1e6
-            print(f"{what:5}  nitro {a:.3f} s ({mb / a:.0f} MB/s)  plain {b:.3f} s "
+            print(f"{what:5}  nitro {a:.3f} s ({mb / a:.0f} MB/s)  boto3 {b:.3f} s "
                   f"({mb / b:.0f} MB/s)  ratio {a / b:.2f}x  (target <= {TARGET}x)")  # fmt: skip
+            if fs is not None:
+                fsspec()  # warm
+                c = timed(fsspec, args.reps)
+                rows.append((what, a, c))
+                print(f"{what:5}  nitro {a:.3f} s  s3fs {c:.3f} s ({mb / c:.0f} MB/s)  "
+                      f"ratio {a / c:.2f}x  (target <= {TARGET}x)")  # fmt: skip
         for count in (100, 10_000):
             url = objects.parse(f"s3://bench/manifests/m{count}")
             entries = [entry(i, f"e{i}.safetensors", 1, digest) for i in range(count)]
@@ -118,6 +133,17 @@ def main() -> None:
                   f"{t * 1000:.1f} ms")  # fmt: skip
         ok = all(a / b <= TARGET for _, a, b in rows)
         print("targets met" if ok else "a target missed")
+
+
+def _s3fs(endpoint: str):  # noqa: ANN202 (an s3fs.S3FileSystem, or None)
+    """s3fs on the server, or None (not installed: pip install s3fs; it pins botocore to
+    aiobotocore's range, so it is no dependency of Nitro)."""
+    try:
+        import s3fs
+    except ImportError:
+        print("s3fs not installed: its put/cat rows are left out (pip install s3fs)")
+        return None
+    return s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, use_listings_cache=False)
 
 
 if __name__ == "__main__":
