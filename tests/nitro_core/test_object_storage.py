@@ -91,6 +91,16 @@ class KeepMany(Tiny):
         return Checkpointer(keep=Last(20))
 
 
+def killed_unless_done(command: list[str], env: dict[str, str], after_s: float) -> None:
+    """Run ``command``; SIGKILL it ``after_s`` seconds in, unless it ended first."""
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        child.wait(timeout=after_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
 def keys(client, bucket: str, prefix: str) -> set[str]:
     r = client.list_objects_v2(Bucket=bucket, Prefix=prefix + "/")
     return {o["Key"].removeprefix(prefix + "/") for o in r.get("Contents", ())}
@@ -357,13 +367,8 @@ def test_killing_a_push_at_random_moments_never_lists_a_missing_or_partial_objec
     span = time.monotonic() - full  # how long a push takes here: the kills fall inside it
     for trial in range(30):
         url = f"s3://{bucket}/{prefix}/k{trial}"
-        child = subprocess.Popen([sys.executable, "-c", PUSHER, str(local), url], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
-        try:
-            child.wait(timeout=rng.uniform(0.3, 1.0) * span)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        killed_unless_done([sys.executable, "-c", PUSHER, str(local), url], env,
+                           rng.uniform(0.3, 1.0) * span)  # fmt: skip
         listed = read_manifest(url)
         assert [(e.digest, e.step) for e in listed] == [
             (e.digest, e.step) for e in on_disk[: len(listed)]
@@ -475,13 +480,8 @@ def test_killing_a_trainer_during_uploads_never_lists_a_partial_object(
     span = time.monotonic() - started
     for trial in range(30):
         url = f"s3://{bucket}/{prefix}/k{trial}"
-        child = subprocess.Popen([sys.executable, "-c", TRAINER, url, "3"], env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        try:
-            child.wait(timeout=rng.uniform(0.4, 1.0) * span)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        killed_unless_done([sys.executable, "-c", TRAINER, url, "3"], env,
+                           rng.uniform(0.4, 1.0) * span)  # fmt: skip
         for e in read_manifest(url):  # every listed object whole
             head = client.head_object(Bucket=bucket, Key=f"{prefix}/k{trial}/{e.file}")
             assert head["ContentLength"] == e.bytes, (trial, e.file)
