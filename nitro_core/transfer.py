@@ -5,8 +5,9 @@ its digest, the header against the manifest), then uploaded whole under a name n
 has and committed by a conditional replace of the remote manifest, oldest first, each run's
 retention applied as its entries recorded it (``keep``); a record the remote manifest lists
 already (the same run and digest) is skipped, so a push interrupted anywhere is finished by
-running it again, and nothing is listed twice. Unlisted local files (leftovers, records no
-manifest lists) are never copied.
+running it again, and nothing is listed twice (not even a record whose commit a killed push
+had sent and the store applied only after this push read the manifest: the commit itself
+checks). Unlisted local files (leftovers, records no manifest lists) are never copied.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def push(run_dir: str | Path, to: str) -> list[ManifestEntry]:
         else:
             with RecordFile(path, entry.expected) as record:
                 record.verify()  # no corrupted byte is copied
-        committed = object_run.publish(target, path, entry, _retention(entry))
+        committed = object_run.publish(target, path, entry, _retention(entry), copy=True)
         if committed is not None:
             pushed.append(committed)
     _points(target, local)

@@ -350,36 +350,52 @@ Retention = Callable[[list[ManifestEntry]], set[str]]  # entries -> the files it
 
 
 def publish(
-    run: ObjectUrl, local: Path, entry: ManifestEntry, retention: Retention | None
+    run: ObjectUrl,
+    local: Path,
+    entry: ManifestEntry,
+    retention: Retention | None,
+    *,
+    copy: bool = False,
 ) -> ManifestEntry | None:
     """Upload the record ``local`` and commit ``entry`` for it; ``retention`` decides from
     the entries then listed (this one among them) which files to unlist (None: none), on
     each try of the commit. Returns the entry as listed, or None when retention dropped it
-    at once. The
-    objects retention unlisted are deleted after the commit; an upload whose commit failed is
-    deleted (it was never listed)."""
+    at once (or, for a ``copy``, when the record was listed already: see
+    :func:`list_entry`). The objects retention unlisted are deleted after the commit; an
+    upload whose commit failed is deleted (it was never listed)."""
     name = upload(run, local, entry.file, entry.run)
-    return list_entry(run, entry.model_copy(update={"file": name}), retention)
+    return list_entry(run, entry.model_copy(update={"file": name}), retention, copy=copy)
 
 
 def list_entry(
-    run: ObjectUrl, entry: ManifestEntry, retention: Retention | None
+    run: ObjectUrl, entry: ManifestEntry, retention: Retention | None, *, copy: bool = False
 ) -> ManifestEntry | None:
     """Commit ``entry`` for a record already sent whole under its name (see :func:`publish`);
     a failed commit deletes what was sent, unless a manifest lists it after all (a replace
-    that succeeded though its answer was lost: it is then never listed twice either)."""
+    that succeeded though its answer was lost: it is then never listed twice either).
+
+    An entry of the same run and digest listed under another name is this very record (its
+    header, which names every section's digest, is the same bytes): a commit that a killed
+    ``nitro push`` had sent whole and the store applied after this push read the manifest.
+    It is not listed twice: what this call sent is deleted, unlisted, and the entry listed
+    is returned (None for a ``copy``, a record ``nitro push`` copies: this call listed
+    nothing). A record a run writes again after a resume is another record (its header
+    holds the run's history, timings included): both are listed."""
     store, name = bucket(run), entry.file
 
-    def change(state: Manifest) -> set[str]:
+    def change(state: Manifest) -> tuple[set[str], ManifestEntry | None]:
+        twin = _twin(state.entries, entry)
+        if twin is not None:
+            return {name}, twin  # listed already under another name: this upload is redundant
         if not _lists(state.entries, entry):  # a retry after a replace whose answer was lost
             state.entries.append(entry)
             state.add_point(entry.run, _point(entry))
         doomed = retention(state.entries) if retention is not None else set()
         state.entries = [e for e in state.entries if e.file not in doomed]
-        return doomed
+        return doomed, None
 
     try:
-        doomed = commit(run, change)
+        doomed, twin = commit(run, change)
     except BaseException:
         try:
             listed_now = _lists(read_manifest(run), entry)
@@ -390,11 +406,25 @@ def list_entry(
         raise
     for file in sorted(doomed):  # no committed manifest lists them any more
         _forget(store, run.child(file))
+    if twin is not None:
+        return None if copy else twin
     return None if name in doomed else entry
 
 
 def _lists(entries: list[ManifestEntry], entry: ManifestEntry) -> bool:
     return any(e.file == entry.file and e.digest == entry.digest for e in entries)
+
+
+def _twin(entries: list[ManifestEntry], entry: ManifestEntry) -> ManifestEntry | None:
+    """The entry listing the record ``entry`` describes under another name, if any."""
+    return next(
+        (
+            e
+            for e in entries
+            if e.run == entry.run and e.digest == entry.digest and e.file != entry.file
+        ),
+        None,
+    )
 
 
 def delete_unlisted(run: ObjectUrl, files: set[str]) -> None:

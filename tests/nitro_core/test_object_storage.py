@@ -137,6 +137,23 @@ def test_a_pushed_run_reads_back_as_on_disk(s3, tmp_path, prefix):
     assert len(read_manifest(url)) == len(on_disk)
 
 
+def test_a_push_lists_nothing_twice_when_a_killed_push_commit_lands_after_it_read(
+    s3, tmp_path, prefix, monkeypatch
+):
+    client, bucket = s3
+    local = tmp_path / "run"
+    trained(local, epochs=2)
+    url = f"s3://{bucket}/{prefix}/run"
+    push(local, url)  # the killed push: its commits landed whole, late
+    before = keys(client, bucket, f"{prefix}/run")
+    with monkeypatch.context() as m:  # the next push read the manifest before they landed
+        m.setattr(object_run, "read_manifest", lambda run: [])
+        assert push(local, url) == []  # each record sent again, then found listed by the commit
+    on_disk = read_manifest(local)
+    assert [(e.file, e.digest) for e in read_manifest(url)] == [(e.file, e.digest) for e in on_disk]
+    assert keys(client, bucket, f"{prefix}/run") == before  # the second copies deleted
+
+
 def last_two(e):
     """Retention under Last(2) for the run of ``e``: what the files it unlists are."""
     ckpt = Checkpointer(keep=Last(2))
