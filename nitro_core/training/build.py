@@ -359,9 +359,11 @@ def record_writer(
     run_id: str,
     pair: ranked.Pair,
     parent: str | None,
+    since: int = 0,
 ) -> RecordWriter | None:
     """The run's record writer, on every rank (FSDP: each writes its shards; DDP: rank 0
-    writes, every rank agrees on errors), or None when the experiment keeps no records."""
+    writes, every rank agrees on errors), or None when the experiment keeps no records;
+    ``since``: the step the handle starts at (a resumed record's, or 0)."""
     if ckpt is None:
         return None
     dist = where.dist
@@ -370,4 +372,4 @@ def record_writer(
         if dist.strategy == "fsdp"
         else OneFile(ckpt.async_write)
     )
-    return RecordWriter(where.run_dir, ckpt, run_id, pair, parent, dist, fmt, where.storage)
+    return RecordWriter(where.run_dir, ckpt, run_id, pair, parent, dist, fmt, where.storage, since)

@@ -131,12 +131,18 @@ class RecordWriter:
         dist: Dist,
         format: RecordFormat,
         storage: ObjectUrl | None = None,
+        since: int = 0,
     ) -> None:
         self.directory, self.ckpt, self.run, self.pair = directory, ckpt, run, pair
         self.parent, self.dist, self.format = parent, dist, format
         # on object storage: records are written in ``directory`` (staging), then uploaded
         # and committed by the manifest object's conditional replace (store.object_run)
         self.storage = storage
+        # the step this writer's timeline of the run starts at (a resumed record's, or 0),
+        # and the files it listed: on object storage, an entry of this run past ``since``
+        # that this writer did not list belongs to the timeline the resume replaced
+        self.since, self._listed = since, set[str]()
+        self._listing: str | None = None  # the digest of the record being listed
         self._thread: ThreadPoolExecutor | None = None
         self._pending: Future[Any] | None = None
         self._pending_what = ""
@@ -283,8 +289,33 @@ class RecordWriter:
         return None if entry.file in doomed else entry
 
     def _retention(self, entries: list[ManifestEntry]) -> set[str]:
-        """The files retention unlists once ``entries`` are listed (this run's, by its keep)."""
-        return set(retention.plan(entries, self.ckpt, self.run, self.pair).delete)
+        """The files an object-storage commit unlists once ``entries`` are listed: records
+        of the timeline a resume replaced, then what retention drops (this run's, by its
+        keep) of the rest."""
+        replaced = self._replaced(entries)
+        kept = [e for e in entries if e.file not in replaced]
+        return replaced | set(retention.plan(kept, self.ckpt, self.run, self.pair).delete)
+
+    def _replaced(self, entries: list[ManifestEntry]) -> set[str]:
+        """Entries of this run past the step this writer's timeline starts at that it did
+        not list, nor is listing now (its digest): a killed writer's commit
+        that the store applied after this resume read the manifest (a request sent whole
+        before the kill). A disk never lists one: a killed writer commits nothing more. The
+        resume replaced that timeline, as the run's points say (``Manifest.add_point``)."""
+        replaced = {
+            e.file
+            for e in entries
+            if e.run == self.run and e.step > self.since and e.file not in self._listed
+            and e.digest != self._listing
+        }  # fmt: skip
+        if replaced:
+            log.warning(
+                "%s: unlisting %s, written by a killed process of run %s past step %d where "
+                "this resume continued it (its commit reached the store after the resume "
+                "read the manifest); this run's own record of that point is listed instead",
+                self.storage, sorted(replaced), self.run, self.since,
+            )  # fmt: skip
+        return replaced
 
     def _publish(self, claim: Claim, entry: ManifestEntry) -> ManifestEntry | None:
         """Object storage: upload the record written in the staging directory under a name
@@ -292,10 +323,15 @@ class RecordWriter:
         retention unlisted; the staging copy is removed either way."""
         assert self.storage is not None
         local = self.directory / entry.file
+        self._listing = entry.digest
         try:
             if self.format.every_rank:  # a record directory: every object sent already
-                return object_run.list_entry(self.storage, entry, self._retention)
-            return object_run.publish(self.storage, local, entry, self._retention)
+                listed = object_run.list_entry(self.storage, entry, self._retention)
+            else:
+                listed = object_run.publish(self.storage, local, entry, self._retention)
+            if listed is not None:
+                self._listed.add(listed.file)
+            return listed
         finally:
             claim.release()
             if not self.format.every_rank:

@@ -167,7 +167,7 @@ class Nitro:
     def _lend_parts(self, place: build.Place) -> Parts:
         """What the points of this handle use of it, the record writer among them."""
         writer = build.record_writer(
-            self.checkpointer, place, self.run_id, self.ranking.pair, self.parent
+            self.checkpointer, place, self.run_id, self.ranking.pair, self.parent, self.step
         )
         return Parts(
             self._resumption, self._forward_model, writer, self._progress, self._decide_stop,

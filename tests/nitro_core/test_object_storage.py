@@ -444,6 +444,39 @@ def test_a_run_trained_on_s3_resumes_bit_for_bit(s3, tmp_path, prefix, monkeypat
     assert not uploaded & {p.name for p in staged.iterdir()}  # each uploaded, then removed
 
 
+def test_a_resume_unlists_a_killed_run_record_whose_commit_landed_after_it_read(
+    s3, tmp_path, prefix, monkeypatch, caplog
+):
+    client, bucket = s3
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    url = objects.parse(f"s3://{bucket}/{prefix}/run")
+    Nitro(KeepMany(max_epochs=3), run_dir=str(url), resume=False).train()
+    first = read_manifest(str(url))
+    late = first[-1]  # the killed run's last commit: sent whole before the kill, not applied
+
+    def unlisted(state):
+        state.entries = [e for e in state.entries if e.file != late.file]
+
+    object_run.commit(url, unlisted)
+    upload = object_run.upload
+
+    def landing(run, local, name, run_id):  # it lands while the resume writes that epoch
+        object_run.commit(run, lambda state: state.entries.append(late))
+        return upload(run, local, name, run_id)
+
+    monkeypatch.setattr(object_run, "upload", landing)
+    resumed = Nitro(KeepMany(max_epochs=3), run_dir=str(url), resume="auto")
+    assert (resumed.run_id, resumed.step) == (late.run, first[-2].step)
+    resumed.train()  # epoch 3 again: its record replaces the killed timeline's
+    listed = read_manifest(str(url))
+    assert [e.file for e in listed[:2]] == [e.file for e in first[:2]]
+    assert [e.step for e in listed] == [e.step for e in first]  # one record a point
+    assert listed[2].file != late.file and listed[2].digest != late.digest  # the resume's own
+    assert keys(client, bucket, f"{prefix}/run") == {"manifest.json", *(e.file for e in listed)}
+    assert f"unlisting ['{late.file}'], written by a killed process of run" in caplog.text
+    assert all(c.ok for c in verify(str(url)))
+
+
 def test_retention_of_a_run_trained_on_s3_matches_the_disk(s3, tmp_path, prefix, monkeypatch):
     client, bucket = s3
     monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
