@@ -6,6 +6,7 @@ points do not import torch."""
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -45,15 +46,18 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.cache
 def modules() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
 
 
+@functools.cache
 def imports(name: str, path: Path) -> list[tuple[str, int, bool, str]]:
     """(imported module, line, at function level, the line's text) for project imports."""
     tree = ast.parse(path.read_text(), str(path))
     lines = path.read_text().splitlines()
     known = modules()
+    typing_only = _type_checking_only(tree)
     found = []
 
     def visit(node: ast.AST, local: bool) -> None:
@@ -74,7 +78,7 @@ def imports(name: str, path: Path) -> list[tuple[str, int, bool, str]]:
                     f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in child.names
                 ]
             for t in targets:
-                if t.split(".")[0] in PACKAGES and not _type_checking_only(child, tree):
+                if t.split(".")[0] in PACKAGES and id(child) not in typing_only:
                     found.append((t, child.lineno, local, lines[child.lineno - 1]))
             visit(child, inner)
 
@@ -82,16 +86,17 @@ def imports(name: str, path: Path) -> list[tuple[str, int, bool, str]]:
     return found
 
 
-def _type_checking_only(node: ast.AST, tree: ast.Module) -> bool:
-    for block in ast.walk(tree):
-        if (
-            isinstance(block, ast.If)
-            and isinstance(block.test, ast.Name)
-            and block.test.id == "TYPE_CHECKING"
-            and any(node is n for stmt in block.body for n in ast.walk(stmt))
-        ):
-            return True
-    return False
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under an ``if TYPE_CHECKING:`` block of ``tree``."""
+    return {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If)
+        and isinstance(block.test, ast.Name)
+        and block.test.id == "TYPE_CHECKING"
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
 
 
 def graph() -> dict[str, set[str]]:

@@ -38,6 +38,7 @@ def _mypy(target: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # mypy in a subprocess: the slow suite (the default stays under 4 minutes)
 def test_a_users_experiment_type_checks():
     done = _mypy(ROOT / "tests" / "typing" / "user_experiment.py")
     assert done.returncode == 0, done.stdout + done.stderr

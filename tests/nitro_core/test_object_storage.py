@@ -233,37 +233,68 @@ def test_bytes_changed_on_the_server_are_found(s3, tmp_path, prefix):
 
 RACER = textwrap.dedent(
     """
-    import sys
+    import sys, time
     from pathlib import Path
     from nitro_core import read_manifest
     from nitro_core.store import object_run, objects
 
-    local, url, tag, count = Path(sys.argv[1]), objects.parse(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    local, url, tag, other, rounds, gate = (
+        Path(sys.argv[1]), objects.parse(sys.argv[2]), sys.argv[3], sys.argv[4],
+        int(sys.argv[5]), Path(sys.argv[6]),
+    )
+    lost = 0  # conditional writes refused: races this writer lost (it re-read and retried)
+
+    def counted(write):
+        def call(*args):
+            global lost
+            done = write(*args)
+            lost += done is None
+            return done
+        return call
+
+    objects.Bucket.create = counted(objects.Bucket.create)
+    objects.Bucket.replace = counted(objects.Bucket.replace)
     (entry,) = read_manifest(local)
-    for i in range(count):
+    for i in range(rounds):  # each round: both writers commit at the same moment
+        (gate / f"{tag}{i}").touch()
+        while not (gate / f"{other}{i}").exists():
+            time.sleep(0.001)
         mine = entry.model_copy(update={"run": f"{tag}{i:03d}", "step": i + 1})
         object_run.publish(url, local / entry.file, mine, None)
+    print(lost)
     """
 )
 
 
 def test_two_processes_committing_at_once_lose_nothing_and_list_nothing_twice(s3, tmp_path, prefix):
+    """50 rounds; in each, two processes commit a record to one S3 run directory at the
+    same moment (each waits for the other at a file gate), so the manifest's conditional
+    replace decides between them."""
     client, bucket = s3
     local = tmp_path / "run"
     trained(local, epochs=1)
+    gate = tmp_path / "gate"
+    gate.mkdir()
     url = f"s3://{bucket}/{prefix}"
-    count = 25  # each: 25 commits racing the other's (50 in all)
+    rounds = 50
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
-        subprocess.Popen([sys.executable, "-c", RACER, str(local), url, tag, str(count)], env=env)
-        for tag in ("a", "b")
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(local), url, tag, other, str(rounds), str(gate)],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for tag, other in (("a", "b"), ("b", "a"))
     ]
-    assert [p.wait(timeout=600) for p in procs] == [0, 0]
+    lost = [int(p.communicate(timeout=600)[0]) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert sum(lost) > 0, "the writers never raced: the test exercised no lost race"
     entries = read_manifest(url)
     ids = sorted(e.run for e in entries)
-    assert ids == sorted(f"{t}{i:03d}" for t in "ab" for i in range(count))  # none lost
+    assert ids == sorted(f"{t}{i:03d}" for t in "ab" for i in range(rounds))  # none lost
     files = [e.file for e in entries]
-    assert len(set(files)) == len(files) == 2 * count  # no name listed twice
+    assert len(set(files)) == len(files) == 2 * rounds  # no name listed twice
     assert keys(client, bucket, prefix) == {"manifest.json", *files}  # every upload listed
     doc = json.loads(client.get_object(Bucket=bucket, Key=f"{prefix}/manifest.json")["Body"].read())
     assert sorted(doc["points"]) == ids  # each run's point committed with its record

@@ -75,6 +75,7 @@ def http_server(tmp_path):
     proc.wait(timeout=10)
 
 
+@pytest.mark.slow  # a server in a subprocess: the slow suite (the default stays under 4 minutes)
 def test_http_requires_the_bearer_token(http_server):
     refused = httpx2.post(http_server, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
     assert refused.status_code == 401 and "bearer token" in refused.text
