@@ -12,7 +12,7 @@ import torch
 
 from nitro_core.averaging import average
 from nitro_core.sources.grammar import Average, Pair, PathSource
-from nitro_core.sources.remote import resolve_in
+from nitro_core.sources.remote import copied, resolve_in, weights_copies
 from nitro_core.state.loading import WEIGHTS, read
 from nitro_core.state.records import FORMAT_VERSION, framework_version, model_layout, to_host
 from nitro_core.store import recordio as store
@@ -93,15 +93,21 @@ def _from_source(
         run_dir,
         call + "({src}, ...)",
         call + "({src}, " + target + ", run_dir='runs/MyExp')",
+        copy=False,  # on object storage: the weights sections alone, fetched below
     )
-    shown = _remote(src, run_dir)  # an object-store run directory: its records copied down
+    shown = _remote(src, run_dir)  # an object-store run directory's URL
+    home = parse(shown) if shown else None
     local = resolved.path.parent if run_dir is None or shown else Path(run_dir)
     averaged_from: dict[str, Any] | None
     if isinstance(src, Pair) and isinstance(src.pick, Average):
-        result = average(resolved, local, shown=shown)
+        if home is None:
+            result = average(resolved, local)
+        else:  # the picks' weights ranges, in copies removed after
+            with weights_copies(home, resolved, WEIGHTS) as (here, private):
+                result = average(here, private, shown=shown)
         meta, state, averaged_from = result.meta, result.state, result.averaged_from
     else:
-        record = read(resolved, WEIGHTS)  # the optimizer's bytes stay unread
+        record = read(copied(home, resolved, WEIGHTS), WEIGHTS)  # no optimizer bytes
         meta, state = record.meta, record.model_state()
         averaged_from = meta.get("averaged_from")
     return (
@@ -121,9 +127,10 @@ def _from_source(
 
 
 def _remote(src: Any, run_dir: str | Path | None) -> str | None:
-    """The URL of the object-store run directory a source is read from, or None (a disk)."""
-    if run_dir is not None:
-        return str(parse(str(run_dir))) if is_url(run_dir) else None
-    if isinstance(src, PathSource) and is_url(src.path):
+    """The URL of the object-store run directory a source is read from, or None (a disk):
+    a record named by its URL is read in its own run directory."""
+    if type(src) is PathSource and is_url(src.path):
         return str(parse(src.path, "source").parent)
+    if run_dir is not None and is_url(run_dir):
+        return str(parse(str(run_dir)))
     return None

@@ -38,10 +38,10 @@ WARNING_CHARS = 400
 
 def from_record(
     cls: type[E], source: Source, run_dir: Path | str, overrides: Mapping[str, Any] | None
-) -> tuple[E, list[str], Path]:
+) -> tuple[E, list[str], Path | str]:
     """``cls`` built from the config of the record ``source`` names (an ``Average``: its
     state record), with ``overrides`` on top; the warnings naming each difference; and the
-    record's path."""
+    record's path (on object storage its URL: only its header was read)."""
     from nitro_core.training import from_record as fr  # lazy: record reads import torch
 
     try:

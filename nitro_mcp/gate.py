@@ -174,20 +174,25 @@ class Gate:
         found = next((p for p in candidates if p.exists()), candidates[0])  # a file or record dir
         return replace(source, path=str(found))  # an hf: directory stays one
 
-    def check_source(self, source: Source, run_dir: Path | str, keyword: str) -> Path:
+    def check_source(self, source: Source, run_dir: Path | str, keyword: str) -> Path | str:
         """Resolve a source against the manifest now, so a call that can never succeed is
-        answered at once; the record it names (an average's: its state record). In an
-        object-store run directory (``run_dir`` its URL) that record is copied down, and
-        the path is its copy's."""
+        answered at once; the record it names (an average's: its state record). A record on
+        object storage (``run_dir`` its run directory's URL, or the source a record's URL)
+        is named by its URL, its header read and checked by ranged reads (nothing copied
+        down: the job reads what it needs)."""
         url = self.storage_url(str(run_dir)) if isinstance(run_dir, str) else None
         if url is not None:
-            return remote.resolve_at(self.rooted_at(source, url, keyword), url, picks=False).path
+            return remote.header_at(self.rooted_at(source, url, keyword), url)[1]
         run_dir = Path(run_dir)
         rooted = self.rooted(source, run_dir, keyword)
         record = self.storage_url(str(rooted), keyword) if isinstance(rooted, PathSource) else None
         if record is not None:  # a record of an object-store run directory, by its URL
-            return remote.resolve_at(rooted, record.parent, picks=False).path
+            return remote.header_at(rooted, record.parent)[1]
         return resolve(rooted, run_dir, manifest.read_manifest(run_dir)).path
+
+    def named(self, record: Path | str) -> str:
+        """A record as a reply names it: a URL as it is, a path relative to the root."""
+        return record if isinstance(record, str) else shown(self.root, record) or str(record)
 
     # -- following a job ---------------------------------------------------------------------
     def handle(

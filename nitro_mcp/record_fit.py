@@ -24,7 +24,7 @@ from nitro_mcp.tool_calls import tool_call
 
 
 def check_record_fits(
-    exp: Experiment, path: Path, strict: bool, origin: str, tool: str, args: dict[str, Any],
+    exp: Experiment, path: Path | str, strict: bool, origin: str, tool: str, args: dict[str, Any],
     registry: Mapping[str, type[Experiment]],
 ) -> None:  # fmt: skip
     """Refuse ``path`` when its leaves do not fit ``exp``'s model (under ``strict``), naming

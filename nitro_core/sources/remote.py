@@ -21,7 +21,7 @@ from nitro_core.errors import ConfigError
 from nitro_core.policy.retention import Pair as ScorePair
 from nitro_core.sources.grammar import PathSource, Source, to_source
 from nitro_core.sources.resolve import Resolved, resolve
-from nitro_core.store import manifest, object_run, objects
+from nitro_core.store import manifest, object_run, objects, record_header
 from nitro_core.store.manifest import ManifestEntry
 from nitro_core.store.objects import ObjectUrl
 
@@ -52,7 +52,7 @@ def resolve_at(
         return Resolved(source, object_run.fetch_entry(run, entry, here) if copy else here /
                         entry.file, entry)  # fmt: skip
     state = object_run.load(run).manifest
-    resolved = resolve(source, here, list(state.entries), pair, state.points)
+    resolved = resolve(source, here, list(state.entries), pair, state.points, str(run))
     if copy:
         fetch(run, resolved if picks else replace(resolved, picked=()))
     return resolved
@@ -104,6 +104,22 @@ def _named(resolved: Resolved) -> tuple[ManifestEntry, ...]:
     return resolved.picked or ((resolved.entry,) if resolved.entry is not None else ())
 
 
+def copied(
+    run: ObjectUrl | None, resolved: Resolved, sections: Collection[str] | None = None
+) -> Resolved:
+    """``resolved`` readable here: where the record it names is one of the object-store run
+    directory ``run`` (its path in the staging directory), copied down
+    (:func:`~nitro_core.store.object_run.fetch_entry`): whole, or with ``sections`` alone
+    (a weights load never fetches the optimizer's moments), its path then the copy's. A
+    local record, or ``run`` None (a disk's run directory): as it is."""
+    entry = resolved.entry
+    if run is None or entry is None or resolved.path != object_run.staging(run) / entry.file:
+        return resolved
+    return replace(
+        resolved, path=object_run.fetch_entry(run, entry, resolved.path.parent, sections)
+    )
+
+
 def fetch(run: ObjectUrl, resolved: Resolved) -> None:
     """Copy down the listed records of ``run`` that ``resolved`` names (one, or an average's
     picks) into its staging directory, where ``resolved``'s paths point; a local record it
@@ -114,16 +130,59 @@ def fetch(run: ObjectUrl, resolved: Resolved) -> None:
             object_run.fetch_entry(run, e, here)
 
 
+def header_at(source: Source, run: ObjectUrl) -> tuple[Resolved, str | Path, dict[str, Any]]:
+    """The record ``source`` names in the object-store run directory ``run`` (an ``Average``:
+    its state record; a record named by its URL: in its own run directory), where it lies
+    (its URL; a local record named by its path: that path), and its header's metadata,
+    checked against the manifest's digest: ranged reads of the header alone, nothing copied
+    down (a call is checked before its job starts without fetching the record)."""
+    home = objects.parse(source.path, "source").parent if _record_url(source) else run
+    found = resolve_at(source, run, picks=False, copy=False)
+    entry = found.entry
+    if entry is not None and found.path == object_run.staging(home) / entry.file:
+        url = home.child(entry.file)
+        return found, str(url), object_run.read_header(url, entry.expected)
+    return (
+        found,
+        found.path,
+        record_header.read_header(found.path, entry.expected if entry else None),
+    )
+
+
+def header_in(
+    source: Any, run_dir: str | Path | None, call: str, fix: str
+) -> tuple[Resolved, str | Path, dict[str, Any]]:
+    """:func:`header_at` for ``run_dir`` a local directory or ``s3://bucket/prefix/run``, as
+    :func:`resolve_in` takes it: on a disk the record's path and its header read there."""
+    src = to_source(source, "source")
+    if _record_url(src):
+        return header_at(src, objects.parse(src.path, "source").parent)
+    if run_dir is not None and objects.is_url(run_dir):
+        return header_at(src, objects.parse(str(run_dir)))
+    _, found = resolve_in(src, run_dir, call, fix, picks=False)
+    return (
+        found,
+        found.path,
+        record_header.read_header(found.path, found.entry.expected if found.entry else None),
+    )
+
+
 def resolve_in(
-    source: Any, run_dir: str | Path | None, call: str, fix: str, picks: bool = True
+    source: Any,
+    run_dir: str | Path | None,
+    call: str,
+    fix: str,
+    picks: bool = True,
+    copy: bool = True,
 ) -> tuple[Source, Resolved]:
     """Parse ``source`` and resolve it in ``run_dir``, a local directory or
     ``s3://bucket/prefix/run`` (a path source needs none: its own directory is used). ``call``
     and ``fix`` are the caller's call as written and as it should be, with ``{src}`` for the
-    source, for the refusal when ``run_dir`` is missing. ``picks``: see :func:`resolve_at`."""
+    source, for the refusal when ``run_dir`` is missing. ``picks`` and ``copy``: see
+    :func:`resolve_at`."""
     src = to_source(source, "source")
     if _record_url(src):  # a record by its URL
-        return src, resolve_at(src, objects.parse(src.path, "source").parent, None, picks)
+        return src, resolve_at(src, objects.parse(src.path, "source").parent, None, picks, copy)
     if run_dir is None:
         if not isinstance(src, PathSource):
             shown = repr(str(src))
@@ -133,9 +192,18 @@ def resolve_in(
             )
         run_dir = Path(src.path).parent
     if objects.is_url(run_dir):
-        return src, resolve_at(src, objects.parse(str(run_dir)), None, picks)
+        return src, resolve_at(src, objects.parse(str(run_dir)), None, picks, copy)
     run_dir = Path(run_dir)
     return src, resolve(src, run_dir, manifest.read_manifest(run_dir))
 
 
-__all__ = ["fetch", "listed_entry", "resolve_at", "resolve_in", "weights_copies"]
+__all__ = [
+    "copied",
+    "fetch",
+    "header_at",
+    "header_in",
+    "listed_entry",
+    "resolve_at",
+    "resolve_in",
+    "weights_copies",
+]

@@ -52,15 +52,18 @@ def resolve(
     entries: list[ManifestEntry],
     pair: ScorePair | None = None,
     points: dict[str, list[Point]] | None = None,
+    shown: str | None = None,
 ) -> Resolved:
     """The file ``source`` names in ``run_dir``; ``pair`` is the (metric, mode) that ranks
     ``best`` (default: the pair of the pool's latest scored entry); ``points`` are the runs'
-    histories an ``Average`` names points of (read from ``run_dir``'s manifest when None)."""
+    histories an ``Average`` names points of (read from ``run_dir``'s manifest when None);
+    ``shown``: the run directory as a refusal names it (on object storage its URL, where
+    ``run_dir`` is its staging directory)."""
+    where = shown or str(run_dir)
     if isinstance(source, HFDirectory):
         return resolve_hf(source, run_dir)
     if isinstance(source, PathSource):
-        return _resolve_path(source, run_dir, entries)
-    where = str(run_dir)
+        return _resolve_path(source, run_dir, entries, where)
     if source.run.kind == "all":
         if source.pick == "latest":
             raise ConfigError(
@@ -95,7 +98,7 @@ def resolve(
         return Resolved(source, run_dir / best.file, best)
     if points is None:
         points = manifest.read_points(run_dir)
-    return resolve_average(source, run_dir, pool, points.get(pool[0].run, []), pair)
+    return resolve_average(source, run_dir, pool, points.get(pool[0].run, []), pair, where)
 
 
 def resolve_average(
@@ -104,6 +107,7 @@ def resolve_average(
     pool: list[ManifestEntry],
     points: list[Point],
     pair: ScorePair | None,
+    shown: str | None = None,
 ) -> Resolved:
     """The entries ``source``'s Average names in one run (``pool``: its entries, ``points``:
     its history), and its state record. Refuses, listing what the run kept and the keep
@@ -113,7 +117,7 @@ def resolve_average(
     pair = ranking_pair(pool, pair)
     chosen = selection.select(avg.selector, selection.history(points, pool), pool, pair)
     if chosen.shortfall or chosen.gone or not chosen.picked:
-        raise CheckpointNotFound(*_refusal(source, run_dir, pool, chosen))
+        raise CheckpointNotFound(*_refusal(source, shown or str(run_dir), pool, chosen))
     picked = list(chosen.picked)
     if avg.state == "best" or (avg.state is None and avg.selector.ranks):
         best = ranked([e for e in picked if e.pair == pair], pair[1])
@@ -124,11 +128,11 @@ def resolve_average(
 
 
 def _refusal(
-    source: Pair, run_dir: Path, pool: list[ManifestEntry], chosen: selection.Selection
+    source: Pair, where: str, pool: list[ManifestEntry], chosen: selection.Selection
 ) -> tuple[Part, ...]:
     avg = source.pick
     assert isinstance(avg, Average)
-    head = f"Cannot average {str(source)!r} in {str(run_dir)!r}: "
+    head = f"Cannot average {str(source)!r} in {where!r}: "
     kept = " ".join(selection.describe_points(pool))  # 'epochs 2, 4' or 'points epoch 3 ...'
     if chosen.shortfall:
         return (
@@ -197,10 +201,12 @@ def ranking_pair(pool: list[ManifestEntry], pair: ScorePair | None) -> ScorePair
     return scored[-1].pair if scored else (None, None)
 
 
-def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry]) -> Resolved:
+def _resolve_path(
+    source: PathSource, run_dir: Path, entries: list[ManifestEntry], where: str
+) -> Resolved:
     """A record file (``.safetensors``) or a record directory (a ``/`` at the end, or a path
     word that names one here), relative to ``run_dir`` or absolute; refused naming what was
-    looked at when nothing is there."""
+    looked at when nothing is there (``where``: ``run_dir`` as a refusal names it)."""
     given = Path(source.path)
     candidates = [given] if given.is_absolute() else [given, run_dir / given]
     looked = " and ".join(repr(str(p)) for p in candidates)
@@ -208,7 +214,7 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
         raise ConfigError(
             f"{source.path!r} is a partial file left by an interrupted write, never a checkpoint. "
             "Name a committed record instead (",
-            Lister(str(run_dir)),
+            Lister(where),
             " lists them), e.g. 'latest => latest'.",
         )
     from nitro_core.store import shards  # lazy: a sharded record's reader imports torch
@@ -224,7 +230,7 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
     if source.path.endswith("/"):
         raise CheckpointNotFound(
             f"Record directory {source.path!r} not found (looked at {looked}; a sharded record "
-            f"is a directory holding header.json); {str(run_dir)!r} holds "
+            f"is a directory holding header.json); {where!r} holds "
             f"{manifest.describe_runs(entries)}. Write an existing record, or a pair such as "
             "'latest => best'."
         )
@@ -232,7 +238,7 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
         raise CheckpointNotFound(
             f"Source {source.path!r} names no checkpoint: it is not a pair (a pair holds '=>', "
             f"e.g. 'latest => best'), and no record is there (looked at {looked}: a record file "
-            f"ends in .safetensors, a record directory holds header.json); {str(run_dir)!r} "
+            f"ends in .safetensors, a record directory holds header.json); {where!r} "
             f"holds {manifest.describe_runs(entries)}. Write a pair such as 'latest => best', or "
             "the path of an existing record file or record directory."
         )
@@ -241,7 +247,7 @@ def _resolve_path(source: PathSource, run_dir: Path, entries: list[ManifestEntry
             break
     else:
         raise CheckpointNotFound(
-            f"Checkpoint file {source.path!r} not found (looked at {looked}); {str(run_dir)!r} "
+            f"Checkpoint file {source.path!r} not found (looked at {looked}); {where!r} "
             f"holds {manifest.describe_runs(entries)}. Write an existing path, or a pair such as "
             "'latest => best'."
         )

@@ -86,17 +86,33 @@ def staging(run: ObjectUrl) -> Path:
     return root.expanduser() / run.bucket / run.key
 
 
-def fetch_entry(storage: ObjectUrl, entry: ManifestEntry, into: Path) -> Path:
-    """A fresh local copy of the listed record ``entry`` in ``into`` (its readers check it
-    against the manifest's digest as they read): a record file, or a record directory
-    (``header.json`` and the shards it names)."""
+def fetch_entry(
+    storage: ObjectUrl,
+    entry: ManifestEntry,
+    into: Path,
+    sections: Collection[str] | None = None,
+) -> Path:
+    """A local copy of the listed record ``entry`` in ``into`` (its readers check it against
+    the manifest's digest as they read): a record file, or a record directory
+    (``header.json`` and the shards it names), fetched unless a copy of it is there.
+
+    ``sections`` (a weights load's: params, buffers, EMA): a copy holding those at least,
+    the whole copy where one is there, else one of those sections alone
+    (:func:`fetch_sections`) in ``into/.sections/<its digest and the sections>/``, kept as
+    a whole copy is. A record directory is copied whole."""
     if is_directory(entry.file):
         return fetch_directory(storage.child(entry.file), into)
+    if sections is not None and not _whole_file(into / entry.file, entry):
+        into = (
+            into / ".sections" / f"{entry.expected.rpartition(':')[2]}-{'+'.join(sorted(sections))}"
+        )
     into.mkdir(parents=True, exist_ok=True)
     with _fetch_lock(into / f".{entry.file}.fetch.lock"):  # ranks of a machine: one fetches
         target = into / entry.file
         if _whole_file(target, entry):  # a copy of this very record: never replaced under
             return target  # a reader, never downloaded twice
+        if sections is not None:
+            return fetch_sections(storage, entry, into, sections)
         return fetch(storage.child(entry.file), into)
 
 

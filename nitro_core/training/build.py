@@ -27,7 +27,6 @@ from nitro_core.state import rng
 from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMA, EMATracker
 from nitro_core.store import manifest, object_run
-from nitro_core.store import recordio as store
 from nitro_core.store.objects import ObjectUrl
 from nitro_core.training import distributed, ranking, setup, sharding
 from nitro_core.training.checkpointing import OneFile, RecordWriter
@@ -339,18 +338,18 @@ def weights_lineage(
 
 
 def weights_parent(
-    source: Any, loaded: Path | None, averaged_from: dict[str, Any] | None
+    source: Any, loaded: Path | None, run: str | None, averaged_from: dict[str, Any] | None
 ) -> str | None:
     """What a run started with ``weights=`` branched from, for its entries' ``parent``:
-    '<run>/<file>' of the record loaded, or '<run> => Average(...)' for an average."""
+    '<run>/<file>' of the record loaded (``run``: the one its header names), or
+    '<run> => Average(...)' for an average."""
     if isinstance(source, Pair) and isinstance(source.pick, Average) and averaged_from:
         return f"{averaged_from['run']} => {source.pick}"
     if loaded is None:
         return None
     if isinstance(source, HFDirectory):  # no record header: the directory it came from
         return f"{HF_PREFIX}{loaded}"
-    run = store.read_header(loaded).get("run") or "?"
-    return f"{run}/{loaded.name}"
+    return f"{run or '?'}/{loaded.name}"
 
 
 def record_writer(

@@ -23,8 +23,7 @@ from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from nitro_core.errors import NitroWarning
 from nitro_core.experiment import Experiment, config_of
-from nitro_core.sources.remote import resolve_in
-from nitro_core.store import recordio as store
+from nitro_core.sources.remote import header_in
 
 E = TypeVar("E", bound=Experiment)
 
@@ -33,7 +32,7 @@ E = TypeVar("E", bound=Experiment)
 class RecordConfig:
     """The config a record holds, and where it was read."""
 
-    path: Path  # the record whose header was read (for an Average: its state record)
+    path: Path | str  # the record whose header was read (an Average's state record; S3: its URL)
     experiment: str | None  # the class name the record was written by
     config: dict[str, Any] | None  # None: the header holds no config
 
@@ -41,17 +40,15 @@ class RecordConfig:
 def record_config(source: Any, run_dir: str | Path | None = None) -> RecordConfig:
     """The recorded config of the record ``source`` names in ``run_dir`` (for an
     ``Average``, the state record it resolves to). A path needs no ``run_dir``."""
-    _, found = resolve_in(
+    _, where, meta = header_in(  # of an Average: its state record; on S3 its header alone
         source,
         run_dir,
         "experiment_from_record(cls, {src})",
         "experiment_from_record(cls, {src}, run_dir='runs/MyExp')",
-        picks=False,  # of an Average: its state record, whose header is read
     )
-    meta = store.read_header(found.path, found.entry.expected if found.entry else None)
     config = meta.get("config")
     return RecordConfig(
-        path=found.path,
+        path=where,
         experiment=meta.get("experiment"),
         config=dict(config) if isinstance(config, Mapping) else None,
     )

@@ -156,11 +156,11 @@ class Nitro:
             self._resumption = Resumption(restored.position, restored.start_rng)
             return restored.logger_state
         if self.options.weights is not None:
-            trained_under = load_weights(self, self.options.weights, entries)
+            loaded = load_weights(self, self.options.weights, entries)
             self.parent = build.weights_parent(
-                self.options.weights, self.checkpoint_source, self.averaged_from
+                self.options.weights, self.checkpoint_source, loaded.run, self.averaged_from
             )
-            self.parent_diff = build.weights_lineage(trained_under, self.experiment)
+            self.parent_diff = build.weights_lineage(loaded.config, self.experiment)
         self._resumption = Resumption(None, rng.capture())
         return None
 

@@ -183,28 +183,32 @@ def _check_anchor(n: Restorable, point: ResumePoint) -> None:
         )
 
 
-def load_weights(
-    n: Restorable, source: Source, entries: list[ManifestEntry]
-) -> dict[str, Any] | None:
-    """Parameters and layer state (or the EMA copy) of ``source`` into a new run; returns
-    the config ``source`` was trained under (None where it records none: a Hugging Face
-    directory)."""
+@dataclass(frozen=True)
+class LoadedWeights:
+    """What a weights load says of the weights it loaded, from their header."""
+
+    config: dict[str, Any] | None  # the config they were trained under (None: not recorded)
+    run: str | None  # the run that wrote them (None: not recorded, e.g. Hugging Face)
+
+
+def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) -> LoadedWeights:
+    """Parameters and layer state (or the EMA copy) of ``source`` into a new run. A record
+    on object storage is read from a copy of its weights sections alone (with
+    ``restore_optimizer``: of all of it)."""
     opts = n.options
     name = type(n.experiment).__name__
     if isinstance(source, Pair) and isinstance(source.pick, Average):
         return load_average(n, source, entries)
+    home = n.storage
     if isinstance(source, PathSource) and on_store(source, n.storage):  # a record on S3
-        home = (
-            objects.parse(source.path, "weights").parent
-            if objects.is_url(source.path)
-            else n.storage
-        )
+        if objects.is_url(source.path):
+            home = objects.parse(source.path, "weights").parent
         assert home is not None
-        resolved = remote.resolve_at(source, home)
+        resolved = remote.resolve_at(source, home, copy=False)
     else:
-        resolved = resolve(source, n.run_dir, entries, n.ranking.pair)
-        copy_down(n, resolved)
-    rec = read(resolved, None if opts.restore_optimizer else WEIGHTS)  # optimizer bytes: unread
+        resolved = resolve(source, n.run_dir, entries, n.ranking.pair, shown=shown_dir(n))
+    sections = None if opts.restore_optimizer else WEIGHTS  # optimizer bytes: unread
+    rec = read(remote.copied(home, resolved, sections), sections)
     warn_config_changed(rec.meta, n, str(resolved.path))
     state = rec.ema_state() if opts.load_ema else rec.model_state()
     if state is None:
@@ -242,9 +246,9 @@ def load_weights(
             fsdp_state.load_optimizer(n.model, n.optimizer, state, rec.meta)
         else:
             n.optimizer.load_state_dict(state)
-    n.checkpoint_source = resolved.path
+    n.checkpoint_source = resolved.path  # on S3: where the run directory's copy would be
     n.averaged_from = rec.meta.get("averaged_from")
-    return _recorded_config(rec.meta)
+    return LoadedWeights(_recorded_config(rec.meta), rec.meta.get("run"))
 
 
 def warn_config_changed(meta: dict[str, Any], n: Restorable, origin: str) -> None:
@@ -266,14 +270,6 @@ def _recorded_config(meta: dict[str, Any]) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def copy_down(n: Restorable, resolved: Resolved) -> None:
-    """On object storage: the listed records of the run directory that ``resolved`` names
-    (one, or an average's picks), copied down into its staging directory, ``n.run_dir``
-    (their readers check them against the manifest as they read)."""
-    if n.storage is not None:
-        remote.fetch(n.storage, resolved)
-
-
 def average_of(n: Restorable, resolved: Resolved, load_ema: bool = False) -> Averaged:
     """The average ``resolved`` names: read in the run directory, or on object storage from
     copies of the picks' weights alone (never their optimizer state), removed after."""
@@ -283,17 +279,21 @@ def average_of(n: Restorable, resolved: Resolved, load_ema: bool = False) -> Ave
         return average(here, private, load_ema=load_ema, shown=str(n.storage))
 
 
+def shown_dir(n: Restorable) -> str:
+    """The run directory as a message names it: on object storage its URL (``n.run_dir``
+    is then its staging directory)."""
+    return str(n.storage) if n.storage is not None else str(n.run_dir)
+
+
 def points_of(n: Restorable) -> dict[str, list[Point]] | None:
     """The runs' points an ``Average`` counts: the object store's manifest's for a run
     directory there, else None (the resolver reads the disk's)."""
     return None if n.storage is None else listing.read_points(str(n.storage))
 
 
-def load_average(
-    n: Restorable, source: Source, entries: list[ManifestEntry]
-) -> dict[str, Any] | None:
+def load_average(n: Restorable, source: Source, entries: list[ManifestEntry]) -> LoadedWeights:
     """``weights=... => Average(...)``: load the average into a new run."""
-    resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points_of(n))
+    resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points_of(n), shown_dir(n))
     result = average_of(n, resolved, load_ema=n.options.load_ema)
     warn_config_changed(result.meta, n, repr(str(source)))
     state = result.ema if n.options.load_ema else result.state
@@ -303,14 +303,14 @@ def load_average(
         n.ema.reset()
     n.checkpoint_source = resolved.path
     n.averaged_from = result.averaged_from
-    return _recorded_config(result.meta)
+    return LoadedWeights(_recorded_config(result.meta), result.meta.get("run"))
 
 
 def restore_average(n: Restorable, avg: Average, entries: list[ManifestEntry]) -> Average | None:
     """``restore_best=Average(...)``: end training holding the run's own average."""
     source = Pair(RunRef("id", n.run_id), avg)
     try:
-        resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points_of(n))
+        resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points_of(n), shown_dir(n))
     except CheckpointNotFound as exc:
         warnings.warn(
             f"restore_best={avg}: run {n.run_id} ended before it held enough checkpoints "
@@ -364,16 +364,15 @@ class BestRestorer:
         if not scored:
             warnings.warn(
                 f"restore_best=True: run {n.run_id} has no scored checkpoint in "
-                f"{str(n.run_dir)!r}, so the handle keeps its final weights.",
+                f"{shown_dir(n)!r}, so the handle keeps its final weights.",
                 NitroWarning,
                 stacklevel=3,
             )
             return
         source = Pair(RunRef("id", n.run_id), "best")
-        best = pick_best(source, own, n.ranking.pair, str(n.run_dir))
+        best = pick_best(source, own, n.ranking.pair, shown_dir(n))
         resolved = Resolved(source, n.run_dir / best.file, best)
-        copy_down(n, resolved)
-        rec = read(resolved, WEIGHTS)
+        rec = read(remote.copied(n.storage, resolved, WEIGHTS), WEIGHTS)
         n.model.load_state_dict(fsdp_state.placed(n.model, rec.model_state()))
         ema_state = rec.ema_state()
         if n.ema is not None and ema_state is not None:
@@ -386,7 +385,7 @@ class BestRestorer:
             return
         n = self.n
         exp = f"{type(n.experiment).__name__}(...)"
-        where = f"run_dir={str(n.run_dir)!r}"
+        where = f"run_dir={shown_dir(n)!r}"
         what = (
             f"best checkpoint (epoch {self.holding.epoch}, {self.holding.metric}={self.holding.score:.6g})"
             if isinstance(self.holding, ManifestEntry)

@@ -252,8 +252,9 @@ def _checked_train(
     observe.check_logger(call.logger, point, exp, args)
     if opts.weights is not None:
         found = gate.check_source(opts.weights, place if url else where, "weights")
-        named = f"{url}/{found.name}" if url else shown(gate.root, found) or str(found)
-        check_record_fits(exp, found, call.strict, named, "nitro_train", args, gate.registry)
+        check_record_fits(
+            exp, found, call.strict, gate.named(found), "nitro_train", args, gate.registry
+        )
     if isinstance(opts.restore_best, Average):
         check_keep_holds(exp.checkpointer(), opts.restore_best, exp.max_epochs)
     _check_seed(call.seed)
@@ -336,15 +337,14 @@ def _submit_validate(gate: Gate, call: ValidateCall) -> tuple[JobStatus, list[st
     where = gate.run_dir(call.run_dir, experiment) if url is None else None
     opts = check_options(False, call.weights, False, False, call.load_ema, True)
     assert opts.weights is not None  # weights is a string, so it became a source
-    if where is None:  # an object-store run directory: the record's copy is read here
+    if where is None:  # an object-store run directory: the record's header is read there
         assert url is not None
         rooted = gate.rooted_at(opts.weights, url, "weights")
         exp, notes, path = call_checks.from_record(cls, rooted, str(url), overrides)
-        named = f"{url}/{path.name}" if path.parent == object_run.staging(url) else str(path)
     else:
         rooted = gate.rooted(opts.weights, where, "weights")
         exp, notes, path = call_checks.from_record(cls, rooted, where, overrides)  # its config
-        named = shown(gate.root, path) or str(path)
+    named = gate.named(path)
     call = call.model_copy(update={"run_dir": str(url or where)})
     args = arguments(
         ValidateCall, {**call.model_dump(), "run_dir": str(url) if url else shown(gate.root, where)}
@@ -422,8 +422,7 @@ def checked_average(gate: Gate, call: AverageCall) -> tuple[AverageCall, list[st
         }
         args.update({"overrides": overrides} if overrides else {})
         args.update({"split": split} if split != "val" else {})
-        named = f"{url}/{path.name}" if url else shown(gate.root, path) or str(path)
-        check_record_fits(exp, path, True, named, "average", args, gate.registry)
+        check_record_fits(exp, path, True, gate.named(path), "average", args, gate.registry)
         gate.check_split(experiment, split)
     call = call.model_copy(
         update={"run_dir": str(where), "save": str(saved) if saved else None,

@@ -34,6 +34,7 @@ from nitro_core import (
     ConfigError,
     Last,
     Nitro,
+    TrainingRefused,
     average_checkpoints,
     checkpoint_info,
     delete_checkpoints,
@@ -844,3 +845,83 @@ def test_an_average_on_s3_reads_the_weights_ranges_only(s3, tmp_path, prefix, mo
     assert needed <= fetched <= needed + len(picked) * 64 * 1024  # + each first header read
     staged = object_run.staging(objects.parse(url))
     assert not [p for p in staged.iterdir() if p.name.startswith(".weights-")]  # removed
+
+
+def test_weights_loads_exports_and_restore_best_on_s3_fetch_the_weights_sections_alone(
+    s3, tmp_path, prefix, monkeypatch
+):
+    """An export, a weights load and restore_best read a record's params, buffers and EMA,
+    never its optimizer's moments: those sections come by ranged reads into a copy kept in
+    the staging directory (the next read fetches nothing); restore_optimizer takes the
+    record whole. An export of an average reads the picks' weights ranges alone."""
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    disk, url = tmp_path / "wide", f"s3://{s3[1]}/{prefix}/wide"
+    ran = trained(disk, WideMany, epochs=2)
+    push(disk, url)
+    ranged: list[tuple[str, int, int]] = []
+    whole: list[str] = []
+    real_range, real_download = objects.Bucket.get_range, objects.Bucket.download
+
+    def get_range(self, key, start, stop):
+        ranged.append((key, start, stop))
+        return real_range(self, key, start, stop)
+
+    def download(self, key, size, fd):
+        whole.append(key.rsplit("/", 1)[-1])
+        return real_download(self, key, size, fd)
+
+    monkeypatch.setattr(objects.Bucket, "get_range", get_range)
+    monkeypatch.setattr(objects.Bucket, "download", download)
+    last = read_manifest(disk)[-1].file
+    exported = export_weights(f"{url}/{last}", tmp_path / "s3.safetensors")
+    fetched = sum(b - a for key, a, b in ranged if key.endswith(last))
+    needed = weights_bytes(disk / last)
+    assert needed < 0.4 * (disk / last).stat().st_size  # AdamW's moments: most of it
+    assert needed <= fetched <= needed + 64 * 1024 and whole == []  # + the first header read
+    same = load_file(export_weights(disk / last, tmp_path / "disk.safetensors"))
+    assert same.keys() == load_file(exported).keys()
+    assert all(torch.equal(v, same[k]) for k, v in load_file(exported).items())
+
+    ranged.clear()
+    on_disk = Nitro(WideMany(max_epochs=1), run_dir=tmp_path / "a", weights=str(disk / last))
+    on_s3 = Nitro(WideMany(max_epochs=1), run_dir=tmp_path / "b", weights=f"{url}/{last}")
+    assert [key for key, *_ in ranged if key.endswith(last)] == [] and whole == []  # the copy
+    for k, v in params(on_disk).items():
+        assert torch.equal(v, params(on_s3)[k]), k
+    assert on_s3.parent == on_disk.parent == f"{ran.run_id}/{last}"
+
+    with_opt = {"weights": f"{url}/{last}", "restore_optimizer": True}
+    full = Nitro(WideMany(max_epochs=1), run_dir=tmp_path / "d", **with_opt)
+    assert whole == [last]  # every section: the record, whole
+    local = Nitro(WideMany(max_epochs=1), run_dir=tmp_path / "e", **{**with_opt,
+                  "weights": str(disk / last)})  # fmt: skip
+    moments = [s["exp_avg"] for s in full.optimizer.state_dict()["state"].values()]
+    assert moments and all(
+        torch.equal(m, s["exp_avg"])
+        for m, s in zip(moments, local.optimizer.state_dict()["state"].values())
+    )
+
+    source = "latest => Average(Last(2))"
+    averaged = load_file(export_weights(source, tmp_path / "avg-s3.safetensors", run_dir=url))
+    same = load_file(export_weights(source, tmp_path / "avg-disk.safetensors", run_dir=disk))
+    assert averaged.keys() == same.keys() and all(
+        torch.equal(v, same[k]) for k, v in averaged.items()
+    )
+    assert whole == [last]  # the picks' weights ranges alone
+
+    whole.clear()
+    best_url = f"s3://{s3[1]}/{prefix}/best"
+    n = Nitro(WideMany(max_epochs=2), run_dir=best_url, restore_best=True)
+    n.train()
+    assert whole == []  # the best record's weights sections alone
+    best = min(read_manifest(best_url), key=lambda e: e.score)
+    client, bucket = s3
+    copy = tmp_path / "best.safetensors"
+    client.download_file(bucket, f"{prefix}/best/{best.file}", str(copy))
+    saved = load_file(copy)
+    for k, v in n.model.state_dict().items():
+        assert torch.equal(v, saved[f"params/{k}"]), k
+    with pytest.raises(TrainingRefused) as refused:  # what to write names the URL
+        n.train()
+    assert f"run_dir='{best_url}', resume='{n.run_id} => best')" in str(refused.value)
+    assert str(tmp_path) not in str(refused.value)  # never the staging directory

@@ -14,6 +14,7 @@ from mcp import Client
 
 from nitro_core import Nitro, read_manifest
 from nitro_core.examples.classifier import Classifier
+from nitro_core.store import objects
 from nitro_core.transfer import push
 from nitro_mcp.server import build_server
 from tests.s3_server import settings
@@ -44,7 +45,23 @@ def stored(s3_endpoint, tmp_path, monkeypatch):
     return root, storage, url
 
 
-def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(stored):
+@pytest.fixture
+def fetched(monkeypatch):
+    """The keys this process downloads record bytes of (whole, or by sections): the gate
+    reads headers alone; a job's worker, another process, reads what it needs."""
+    keys: list[str] = []
+    for name in ("download", "download_ranges"):
+        real = getattr(objects.Bucket, name)
+
+        def spy(self, key, *args, _real=real):
+            keys.append(key)
+            return _real(self, key, *args)
+
+        monkeypatch.setattr(objects.Bucket, name, spy)
+    return keys
+
+
+def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(stored, fetched):
     root, storage, url = stored
     listed = read_manifest(root / "runs" / "Classifier")
 
@@ -148,6 +165,44 @@ def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(store
     err, text = info  # a tool that takes paths only: refused, never read as "s3:/..."
     assert err and "is a URL, and path takes a path here" in text, text
     assert not (root / "s3:").exists()  # a URL is never taken for a path under the root
+    assert fetched == []  # the server checked each call by the records' headers alone
+
+
+def test_a_record_on_s3_that_does_not_fit_is_refused_at_once_from_its_header(stored, fetched):
+    root, storage, url = stored
+    last = f"{url}/{read_manifest(url)[-1].file}"
+    calls = [
+        ("nitro_validate", {"experiment": "Regression", "run_dir": url, "weights": last}),
+        ("nitro_train", {"experiment": "Regression", "run_dir": "runs/other", "weights": last,
+                         "strict": False}),
+        ("average", {"run_dir": url, "source": "latest => Average(Last(2))", "validate": True,
+                     "experiment": "Regression"}),
+        ("nitro_train", {"experiment": "Regression", "run_dir": f"{storage}/runs/new",
+                         "weights": "latest => best", "strict": False}),
+        ("nitro_train", {"experiment": "Regression", "run_dir": f"{storage}/runs/new",
+                         "weights": last, "strict": False}),
+    ]  # fmt: skip
+
+    async def go():
+        async with Client(build_server(root, storage=storage)) as client:
+            return [await call(client, tool, **args) for tool, args in calls]
+
+    replies = anyio.run(go)
+    assert all(err for err, _ in replies), replies
+    assert not (root / ".nitro" / "jobs").exists() or not any((root / ".nitro" / "jobs").iterdir())
+    lacks = f"Checkpoint '{last}' does not fit Regression's model: the record lacks '2.weight'"
+    size = f"Checkpoint '{last}' does not fit Regression's model: leaf '0.weight' has size [64, 16]"
+    (_, validate), (_, train), (_, average), (_, nothing), (_, on_s3) = replies
+    assert nothing.endswith(  # the run directory named by its URL, never its staging copy
+        f"No checkpoint matches 'latest => best' in '{storage}/runs/new': it holds no checkpoints "
+        "(no manifest entries). Train a run there first, or name a record file by its path."
+    ), nothing
+    assert size in on_s3 and f"run_dir='{storage}/runs/new'" in on_s3, on_s3
+    assert lacks in validate and "send experiment='Classifier': nitro_validate(" in validate
+    assert size in train and "send experiment='Classifier': nitro_train(" in train, train
+    assert "does not fit Regression's model: the record lacks '2.weight'" in average, average
+    assert f"{url}/" in average and "send experiment='Classifier': average(" in average
+    assert fetched == []  # refused from the header: no record bytes were fetched
 
 
 @pytest.mark.slow  # trains through a worker process on S3
