@@ -221,6 +221,7 @@ class Child:
         return code
 
 
+@pytest.mark.slow  # a SIGINT to a training subprocess: the slow suite (the default stays under 4 minutes)
 def test_the_first_ctrl_c_says_it_stops_after_this_epoch_and_does(tmp_path):
     child = Child(tmp_path)
     child.wait_for("out", "epoch 1")

@@ -266,6 +266,7 @@ def test_the_terminal_reads_the_parts_not_the_python_text():
     )
 
 
+@pytest.mark.slow  # a CLI subprocess: the slow suite (the default stays under 4 minutes)
 def test_the_module_runs_as_a_program_with_json_on_stdout_and_nothing_on_stderr(root):
     done = subprocess.run([sys.executable, "-m", "nitro_mcp.cli", "manifest", "runs/r", "--json"],
                           cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip

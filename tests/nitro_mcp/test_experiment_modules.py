@@ -247,6 +247,7 @@ HOSTILE = {  # module file -> its source: each would stop the server if imported
 }
 
 
+@pytest.mark.slow  # a server subprocess and hanging imports: the slow suite (the default stays under 4 minutes)
 def test_modules_that_hang_read_stdin_interrupt_or_write_fd_1_leave_nitro_serve_answering(tmp_path):
     """Over real stdio: initialize and tools/list are answered, the JSON-RPC channel stays
     clean (a stray line on it would break the client's parse), and each module's failure is

@@ -18,6 +18,7 @@ def _job_ids(root) -> list[str]:
     return sorted(p.name for p in (root / ".nitro" / "jobs").iterdir())
 
 
+@pytest.mark.slow  # a job and a server restart: the slow suite (the default stays under 4 minutes)
 def test_a_retry_gets_the_first_calls_job_also_after_a_restart(tmp_path):
     async def main():
         async with Client(build_server(tmp_path)) as client:
