@@ -182,7 +182,10 @@ class Gate:
         down: the job reads what it needs)."""
         url = self.storage_url(str(run_dir)) if isinstance(run_dir, str) else None
         if url is not None:
-            return remote.header_at(self.rooted_at(source, url, keyword), url)[1]
+            rooted_at = self.rooted_at(source, url, keyword)
+            if isinstance(rooted_at, HFDirectory):  # a local directory: no record header
+                return remote.resolve_at(rooted_at, url, copy=False).path
+            return remote.header_at(rooted_at, url)[1]
         run_dir = Path(run_dir)
         rooted = self.rooted(source, run_dir, keyword)
         record = self.storage_url(str(rooted), keyword) if isinstance(rooted, PathSource) else None

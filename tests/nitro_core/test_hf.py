@@ -84,6 +84,7 @@ def test_every_weights_export_carries_format_pt_and_transformers_load_state_dict
     assert loaded.keys() == n.model.state_dict().keys()
 
 
+@pytest.mark.slow  # transformers 4 in a subprocess: the slow suite (the default stays under 4 minutes)
 @pytest.mark.skipif(
     OLD is None, reason="set NITRO_TRANSFORMERS_4 to a site dir with transformers 4.x"
 )

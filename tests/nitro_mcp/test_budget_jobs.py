@@ -5,6 +5,7 @@ a bad budget is refused at the call."""
 from __future__ import annotations
 
 import anyio
+import pytest
 from mcp import Client
 
 from nitro_core import read_manifest
@@ -13,6 +14,7 @@ from nitro_mcp.server import build_server
 from tests.nitro_mcp.conftest import call, wait_done
 
 
+@pytest.mark.slow  # two train jobs in worker processes: the slow suite (the default stays under 4 minutes)
 def test_a_budgeted_job_stops_with_budget_and_resume_auto_finishes_it(tmp_path):
     async def main():
         async with Client(build_server(tmp_path)) as client:

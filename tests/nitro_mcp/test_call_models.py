@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import pytest
 from mcp import Client
 
 from nitro_core import Nitro, TrainCall
@@ -70,6 +71,7 @@ print(json.dumps({"schema": schema, "job_id": job_id, "end": end, "cli": [code, 
 """
 
 
+@pytest.mark.slow  # a train job and the CLI in subprocesses: the slow suite (the default stays under 4 minutes)
 def test_a_new_train_option_is_one_field_and_reaches_nitro_through_the_tool_job_and_cli(tmp_path):
     copy = tmp_path / "copy"
     for package in ("nitro_core", "nitro_mcp"):

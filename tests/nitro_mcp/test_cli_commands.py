@@ -90,6 +90,7 @@ def test_export_writes_what_the_tool_writes(root, cli):
     assert (root / "mine.safetensors").read_bytes() == (root / "theirs.safetensors").read_bytes()
 
 
+@pytest.mark.slow  # average jobs in worker processes: the slow suite (the default stays under 4 minutes)
 def test_average_validate_is_the_tools_average_and_metrics(root, cli):
     from tests.nitro_mcp.conftest import call, ended
 

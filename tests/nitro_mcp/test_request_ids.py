@@ -42,6 +42,7 @@ def test_a_retry_gets_the_first_calls_job_also_after_a_restart(tmp_path):
     assert len(list((tmp_path / "runs" / "Regression").glob("*.safetensors"))) == 1
 
 
+@pytest.mark.slow  # jobs in worker processes: the slow suite (the default stays under 4 minutes)
 def test_two_attempts_racing_start_one_job(tmp_path):
     replies: list[dict] = []
 
@@ -63,6 +64,7 @@ def test_two_attempts_racing_start_one_job(tmp_path):
     assert sorted(r["duplicate"] for r in replies) == [False, True]
 
 
+@pytest.mark.slow  # a job in a worker process: the slow suite (the default stays under 4 minutes)
 def test_an_id_sent_with_another_call_is_refused_and_starts_nothing(tmp_path):
     async def main():
         async with Client(build_server(tmp_path)) as client:

@@ -5,6 +5,7 @@ pushed to S3 validates and averages through the tools exactly as the same run on
 
 from __future__ import annotations
 
+import shutil
 import uuid
 
 import anyio
@@ -223,11 +224,21 @@ def test_the_gate_trains_resumes_exports_and_deletes_on_s3(stored):
             trained = [(e.run, e.epoch) for e in read_manifest(url)]
             export = await call(client, "nitro_export", source="latest => best",
                                 path="exports/w.safetensors", run_dir=url)  # fmt: skip
+            hf = root / "models" / "m"  # a Hugging Face directory: the exported state dict
+            hf.mkdir(parents=True)
+            shutil.copy(root / "exports" / "w.safetensors", hf / "model.safetensors")
+            err, job = await call(client, "nitro_train", experiment="Classifier",
+                                  run_dir=f"{storage}/runs/from-hf", weights="hf:models/m",
+                                  overrides={**FAST, "max_epochs": 1})  # fmt: skip
+            assert not err, job  # a local directory: no record header to read on S3
+            from_hf = await wait_done(client, job["job_id"])
             dry = await call(client, "nitro_delete", run_dir=url)
             gone = await call(client, "nitro_delete", run_dir=url, dry_run=False)
-            return first, more, trained, export, dry, gone
+            return first, more, trained, export, dry, gone, from_hf
 
-    first, more, entries, export, dry, gone = anyio.run(go)
+    first, more, entries, export, dry, gone, from_hf = anyio.run(go)
+    assert from_hf["state"] == "succeeded", from_hf
+    assert [e.epoch for e in read_manifest(f"{storage}/runs/from-hf")] == [1]
     for _, status in (first, more):
         assert status["state"] == "succeeded", status
     assert more[1]["run_dir"] == url

@@ -47,6 +47,7 @@ def _status(root, job_id: str) -> dict:
     return json.loads((root / ".nitro" / "jobs" / job_id / "status.json").read_text())
 
 
+@pytest.mark.slow  # a train job and a warm worker's two jobs: the slow suite (the default stays under 4 minutes)
 def test_two_validations_run_in_one_warm_worker_which_picks_up_an_edited_module(tmp_path):
     module = tmp_path / "scored.py"
     module.write_text(MODULE.format(mark=1))
