@@ -201,6 +201,10 @@ def argument_errors(model: type[BaseModel], exc: ValidationError) -> str:
         if err["type"] == "value_error" and not err["loc"]:  # the server's own model check
             parts.setdefault("", str(err.get("ctx", {}).get("error", err["msg"])))
             continue
+        if err["type"] == "value_error" and len(err["loc"]) > 1:  # a nested model's own
+            said = str(err.get("ctx", {}).get("error", err["msg"]))  # check (slurm's options)
+            parts.setdefault(".".join(map(str, err["loc"])), said.rstrip("."))
+            continue
         name = str(err["loc"][0]) if err["loc"] else "arguments"
         refusal = _refusal(fields.get(name))
         if refusal is not None and err["type"] in _OUT_OF_BOUNDS:

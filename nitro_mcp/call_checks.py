@@ -24,7 +24,7 @@ from nitro_core.jobs import JobManager, JobStatus
 from nitro_core.jobs.calls import nothing_to_train, train_arguments
 from nitro_core.sources.grammar import Source
 from nitro_core.store.objects import is_url, parse
-from nitro_mcp.record_fit import model_shapes, record_shapes, registered_name
+from nitro_mcp.record_fit import Shapes, record_shapes, registered_name
 from nitro_mcp.refusals import for_tool
 from nitro_mcp.tool_calls import tool_call, value
 
@@ -69,6 +69,7 @@ def resume_experiment(
     args: dict[str, Any],
     check_epochs: bool = True,
     registry: Mapping[str, type[Experiment]] | None = None,
+    shapes: Shapes = lambda exp: None,
 ) -> E:
     """The experiment a resume continues: the recorded config, ``overrides`` changing Host
     fields only. ``args`` are the call's ``nitro_train`` arguments, for the refusals; a run
@@ -133,7 +134,9 @@ def resume_experiment(
     kept = {k: v for k, v in (overrides or {}).items() if k not in plain}
     again = tool_call("nitro_train", train_arguments(**{**args, "overrides": kept}))
     shown_file = f"{args['run_dir']}/{point.path.name}"
-    misfit = branch_misfit(cls, overrides or {}, point, shown_file, bool(args.get("strict", True)))
+    misfit = branch_misfit(
+        cls, overrides or {}, point, shown_file, bool(args.get("strict", True)), shapes
+    )
     other = (
         f"or start a new run from its weights: {branch}"
         if misfit is None
@@ -152,6 +155,7 @@ def branch_misfit(
     point: ResumePoint,
     origin: str,
     strict: bool,
+    shapes: Shapes,
 ) -> str | None:
     """Why ``point``'s record would not load as weights= into the new run the branch call
     starts (``cls`` with the call's ``overrides``); None when it fits, or that cannot be told."""
@@ -162,7 +166,7 @@ def branch_misfit(
     except (NitroError, ValueError):  # the branch call is refused for that itself
         return None
     record = record_shapes(point.meta)
-    model = model_shapes(exp) if record is not None else None
+    model = shapes(exp) if record is not None else None
     if record is None or model is None:
         return None
     try:

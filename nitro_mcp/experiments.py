@@ -169,7 +169,9 @@ def _quiet_descriptors() -> Iterator[None]:
 
 
 def listing(
-    registry: Registry, splits: Callable[[str], list[str] | None], name: str | None = None
+    registry: Registry,
+    described: Callable[[list[str]], dict[str, tuple[list[str] | None, Any]]],
+    name: str | None = None,
 ) -> models.ExperimentsResult:
     """``nitro_experiments``: each experiment (or the one called ``name``) with its fields,
     splits and monitor, as many as fit the reply's budget (the rest by name, with ``next``),
@@ -177,7 +179,8 @@ def listing(
     if name is not None:  # an unknown name is refused with the registered ones (cut: echoed)
         lookup(registry, name if name in registry else clip_text(name))
     names = sorted(registry) if name is None else [name]
-    infos = [_describe(n, registry[n], splits(n)) for n in names]
+    facts = described(names)  # splits and monitor, from the experiments' own code elsewhere
+    infos = [_describe(n, registry[n], *facts[n]) for n in names]
     shown_n = fit(infos, len(infos), budget=EXPERIMENTS_BUDGET)
     more = names[shown_n:]
     nxt = None
@@ -192,7 +195,9 @@ def listing(
     )
 
 
-def _describe(name: str, cls: type[Experiment], splits: list[str] | None) -> models.ExperimentInfo:
+def _describe(
+    name: str, cls: type[Experiment], splits: list[str] | None, monitor: Any
+) -> models.ExperimentInfo:
     host = host_fields(cls)
     fields = [
         models.FieldInfo(
@@ -203,16 +208,12 @@ def _describe(name: str, cls: type[Experiment], splits: list[str] | None) -> mod
         )
         for f, info in cls.model_fields.items()
     ]
-    try:
-        monitor: list[str] | None = list(cls().monitor())
-    except Exception:  # an experiment without defaults for every field
-        monitor = None
     return models.ExperimentInfo(
         name=name,
         description=(cls.__doc__ or "").strip().split("\n\n")[0][:DESCRIPTION_MAX],
         fields=fields,
         splits=splits,
-        monitor=monitor,
+        monitor=monitor if isinstance(monitor, list) else None,
     )
 
 

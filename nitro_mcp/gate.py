@@ -19,10 +19,11 @@ from typing import Any
 import anyio
 
 from nitro_core.errors import ConfigError, NitroError
-from nitro_core.experiment import Experiment
+from nitro_core.experiment import Experiment, config_of
 from nitro_core.jobs import JobManager, JobStatus
 from nitro_core.jobs.call_models import SlurmOptions
 from nitro_core.jobs.files import TERMINAL, JobSpec
+from nitro_core.jobs.probe import Question
 from nitro_core.registry import Registry, lookup
 from nitro_core.sources import remote
 from nitro_core.sources.grammar import HFDirectory, PathSource, Source
@@ -68,7 +69,7 @@ class Gate:
         self._registry: Registry | None = None  # imported at the first call that needs it
         # warm: evaluations in one warm worker this gate keeps (a server's; not a CLI's)
         self.jobs = JobManager(self.root, max_jobs=max_jobs, max_eval_jobs=max_eval_jobs, warm=warm)
-        self._splits: dict[str, list[str] | None] = {}
+        self._splits: dict[str, tuple[list[str] | None, Any]] = {}  # name -> splits, monitor
         self.executor = executor  # a call's default executor (nitro serve --executor)
         self.slurm_options = slurm_options  # a slurm call's default options (--slurm-partition)
 
@@ -110,13 +111,40 @@ class Gate:
                 f"split={clip(split)} is not a split of {experiment}; it has {', '.join(splits)}."
             )
 
+    # -- what only the experiment's code can say, asked in a process of its own -------------
+    def ask(
+        self, name: str, exp: Experiment | None, *asks: str, keep_for: str | None = None,
+        described: tuple[str, ...] = (),
+    ) -> dict[str, Any]:  # fmt: skip
+        """What ``exp`` (``name``'s class; None: its defaults) answers to ``asks`` (of
+        :data:`probe.ASKS`), from a child of the fork server: the server never runs the
+        operator's code (DESIGN section 16). A thing it could not answer is None."""
+        question = Question(
+            modules=list(self.modules), experiment=name, asks=list(asks), keep_for=keep_for,
+            config=None if exp is None else config_of(exp), described=list(described),
+        )  # fmt: skip
+        return self.jobs.local.ask(question)
+
+    def shapes(self, name: str, exp: Experiment) -> dict[str, list[int]] | None:
+        """The leaves of ``exp``'s model and their shapes (built on the meta device in the
+        child), or None when the model could not be built that way."""
+        shapes = self.ask(name, exp, "shapes").get("shapes")
+        return shapes if isinstance(shapes, dict) else None
+
+    def described(self, names: list[str]) -> dict[str, tuple[list[str] | None, Any]]:
+        """Each experiment's splits and monitor under its defaults, asked once a registry
+        (one child for all those not asked yet)."""
+        registry = self.registry
+        new = [n for n in names if n not in self._splits and n in registry]
+        if new:
+            said = self.ask(new[0], None, described=tuple(new)).get("described") or {}
+            for n in new:
+                facts = said.get(n) or {}
+                self._splits[n] = (facts.get("splits"), facts.get("monitor"))
+        return {n: self._splits.get(n, (None, None)) for n in names}
+
     def experiment_splits(self, name: str) -> list[str] | None:
-        if name not in self._splits:
-            try:
-                self._splits[name] = sorted(self.registry[name]().build_data())
-            except Exception:  # needs config without defaults, or data that cannot load here
-                self._splits[name] = None
-        return self._splits[name]
+        return self.described([name])[name][0]
 
     # -- paths and sources -----------------------------------------------------------------
     def run_dir(self, run_dir: str | None, experiment: str) -> Path:

@@ -393,14 +393,21 @@ def check_logger_name(logger: str | None) -> None:
 
 
 def check_logger(
-    logger: str | None, point: ResumePoint | None, exp: Any, args: dict[str, Any]
+    logger: str | None,
+    point: ResumePoint | None,
+    exp: Any,
+    args: dict[str, Any],
+    hooked: str | None,
 ) -> None:
     """A resume keeps the logger backend its record was written with: refused otherwise,
-    with the call to send instead (``args``: this call's arguments)."""
+    with the call to send instead (``args``: this call's arguments; ``hooked``: the backend
+    the experiment's ``logger()`` returns, asked of a process of its own, None when it could
+    not say: then a mismatch is left to the job's own check)."""
     if point is None:
         return
     recorded = point.meta.get("logger", {}).get("backend")
-    hooked = getattr(exp.logger(), "backend", None)
+    if logger is None and hooked is None:
+        return  # the job's setup compares it with the record (training.loggers)
     chosen = logger or hooked
     if recorded is None or recorded == chosen:
         return

@@ -4,8 +4,9 @@ A job that validates, averages with validation, or trains from ``weights=`` buil
 called experiment's model and loads the record into it; when the record was written by
 another experiment (or under another architecture) that load fails in the worker, half a
 minute later. The gate reads the record's header alone (``checkpoint_info``: the experiment
-that wrote it, its layout's leaf names and shapes), builds the called experiment's model on
-PyTorch's meta device (shapes without memory), and refuses a misfit at once with the
+that wrote it, its layout's leaf names and shapes), has the called experiment's model built
+on PyTorch's meta device (shapes without memory) in a child of the fork server, never in the
+server (:mod:`nitro_core.jobs.probe`), and refuses a misfit at once with the
 library's own words (``state.loading.check_fits``), naming the experiment that wrote the
 record and the call to send instead. A model that cannot be built on the meta device, or a
 record without a layout (an export), is left for the worker to check.
@@ -13,7 +14,7 @@ record without a layout (an export), is left for the worker to check.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,17 @@ from nitro_core.experiment import Experiment
 from nitro_core.info import checkpoint_info
 from nitro_mcp.tool_calls import tool_call
 
+Shapes = Callable[[Experiment], "dict[str, list[int]] | None"]  # a model's leaves and shapes
+
 
 def check_record_fits(
     exp: Experiment, path: Path | str, strict: bool, origin: str, tool: str, args: dict[str, Any],
-    registry: Mapping[str, type[Experiment]],
+    registry: Mapping[str, type[Experiment]], shapes: Shapes,
 ) -> None:  # fmt: skip
     """Refuse ``path`` when its leaves do not fit ``exp``'s model (under ``strict``), naming
     the experiment that wrote it and ``tool``'s call under that experiment (``args`` are the
-    call's arguments)."""
+    call's arguments). ``shapes(exp)`` gives the model's leaves, asked of a process of its
+    own (:meth:`nitro_mcp.gate.Gate.shapes`): the server never builds the model."""
     from nitro_core.state.loading import check_fits  # lazy: it imports torch
 
     try:
@@ -37,7 +41,7 @@ def check_record_fits(
     except (NitroError, OSError):  # unreadable: the resolution or the worker says why
         return
     record = record_shapes(header)
-    model = model_shapes(exp) if record is not None else None
+    model = shapes(exp) if record is not None else None
     if record is None or model is None:
         return
     name = type(exp).__name__
@@ -86,19 +90,6 @@ def record_shapes(header: Mapping[str, Any]) -> dict[str, list[int]] | None:
         if key in shapes:
             shapes[str(alias)] = shapes[key]
     return shapes
-
-
-def model_shapes(exp: Experiment) -> dict[str, list[int]] | None:
-    """The leaves of ``exp``'s model and their shapes, built on the meta device (no memory,
-    no initialization); None when the model cannot be built that way."""
-    import torch  # lazy: the server answers tools/list without torch
-
-    try:
-        with torch.device("meta"):
-            model = exp.build_model()
-        return {k: list(v.shape) for k, v in model.state_dict().items()}
-    except Exception:  # the operator's build_model: the worker builds it for real
-        return None
 
 
 def refuse_non_record(where: Path, path: str, shown_dir: str | None) -> None:

@@ -12,10 +12,11 @@ fields, flat), what a job's ``spec.json`` stores, what ``nitro train``, ``valida
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
 
 MAX_NPROC = 64  # processes of one training, through torch.distributed.run
 MAX_NODES = 1024  # nodes of one training on a cluster (the cluster's own count bounds it too)
@@ -52,19 +53,75 @@ _EXPERIMENT = "A name nitro_experiments lists."
 _RUN_DIR = "Run directory inside the root; default runs/<experiment>."
 
 
+# What each Slurm option may hold (DESIGN section 16): the value reaches sbatch as one argv
+# element, never as script text, and still holds no whitespace, control character, quote or
+# shell metacharacter, and starts with no ``-`` (it could read as another option).
+SLURM_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.,-]{0,127}$"  # partition, account, qos (a,b: a list)
+SLURM_GRES = r"^[A-Za-z0-9_][A-Za-z0-9_.,:-]{0,127}$"  # e.g. gpu:4, gpu:a100:2,mps:100
+_VALUE = r"[A-Za-z0-9_.:,@%+/=\[\]][A-Za-z0-9_.:,@%+/=\[\]-]{0,255}"
+SLURM_EXTRA = rf"^--(?:{'|'.join(o[2:] for o in SBATCH_ALLOWED)})(?:={_VALUE})?$"
+_SLURM_SAMPLES = {"partition": "debug", "account": "research", "qos": "normal", "gres": "gpu:4"}
+
+
+def _clipped(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "…"
+
+
 class SlurmOptions(BaseModel):
     """Where a Slurm job runs: its partition, account, generic resources, quality of
-    service, and extra ``#SBATCH`` lines from :data:`SBATCH_ALLOWED`."""
+    service, and extra sbatch options from :data:`SBATCH_ALLOWED`, one ``--name=value`` per
+    item. Every value is checked against a pattern the schema publishes, and reaches sbatch
+    as one argv element (:func:`nitro_core.jobs.slurm.sbatch_argv`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    partition: str | None = Field(default=None, description="Default the cluster's.")
-    account: str | None = Field(default=None, description="Account to charge.")
-    gres: str | None = Field(default=None, description="Generic resources, e.g. 'gpu:4'.")
-    qos: str | None = Field(default=None, description="Quality of service.")
-    extra: list[str] = Field(
-        default_factory=list,
-        description="Allowed sbatch options, e.g. ['--mem=16G'].",
+    partition: str | None = Field(
+        default=None, pattern=SLURM_NAME, description="Default the cluster's."
     )
+    account: str | None = Field(default=None, pattern=SLURM_NAME, description="Account to charge.")
+    gres: str | None = Field(
+        default=None, pattern=SLURM_GRES, description="Generic resources, e.g. 'gpu:4'."
+    )
+    qos: str | None = Field(default=None, pattern=SLURM_NAME, description="Quality of service.")
+    extra: list[Annotated[str, Field(pattern=SLURM_EXTRA)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Allowed sbatch options, one --name=value an item, e.g. ['--mem=16G'].",
+    )
+
+    @field_validator("partition", "account", "qos", "gres", mode="before")
+    @classmethod
+    def _one_word(cls, value: Any, info: ValidationInfo) -> Any:
+        pattern = SLURM_GRES if info.field_name == "gres" else SLURM_NAME
+        if isinstance(value, str) and not re.fullmatch(pattern, value):
+            name = info.field_name
+            raise ValueError(
+                f"slurm.{name}={_clipped(value)} is not a Slurm {name}: it must match {pattern} "
+                "(no space, control character, quote or shell character, no leading '-'). "
+                f"Send e.g. slurm={{'{name}': '{_SLURM_SAMPLES[str(name)]}'}}."
+            )
+        return value
+
+    @field_validator("extra", mode="before")
+    @classmethod
+    def _single_options(cls, value: Any) -> Any:
+        for item in value if isinstance(value, list) else []:
+            if not isinstance(item, str) or re.fullmatch(SLURM_EXTRA, item):
+                continue
+            flag = re.match(r"\s*(-*[A-Za-z-]*)", item).group(1)  # type: ignore[union-attr]
+            if flag not in SBATCH_ALLOWED:
+                raise ValueError(
+                    f"slurm.extra line {_clipped(item)} is not an sbatch option Nitro passes "
+                    "on: the job's directory, output and working directory are Nitro's. Send "
+                    f"only {', '.join(SBATCH_ALLOWED)}, e.g. slurm={{'extra': ['--mem=16G']}}."
+                )
+            raise ValueError(
+                f"slurm.extra item {_clipped(item)} is not one sbatch option: each item is one "
+                f"--name=value matching {SLURM_EXTRA} (no space, control character, quote or "
+                "shell character; a value starts with no '-'). Send one option an item, e.g. "
+                "slurm={'extra': ['--mem=16G', '--comment=nightly']}."
+            )
+        return value
 
 
 class _Call(BaseModel):

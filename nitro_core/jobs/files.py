@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from nitro_core.errors import UnsafePath
 from nitro_core.jobs.call_models import CALLS, Call
 from nitro_core.store.atomic import Replace
-from nitro_core.store.safeio import flocked, open_nofollow
+from nitro_core.store.safeio import flocked, open_nofollow, read_capped
 
 M = TypeVar("M", bound=BaseModel)
 JobKind = Literal["train", "validate", "average"]
@@ -228,7 +228,7 @@ def _open(directory: Path, name: str, flags: int) -> int:
 def _read_bytes(directory: Path, name: str) -> bytes:
     # O_NONBLOCK: a FIFO planted under the name is read as empty instead of hanging
     with os.fdopen(_open(directory, name, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
-        return f.read()
+        return read_capped(f, "job file", str(directory / name))
 
 
 def write_json(path: Path, model: BaseModel) -> None:

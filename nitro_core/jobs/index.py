@@ -30,10 +30,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from nitro_core.errors import UnsafePath
+from nitro_core.errors import RecordError, UnsafePath
 from nitro_core.jobs.files import TERMINAL, WHERE, JobKind, JobState, JobStatus, locked
 from nitro_core.store.atomic import Replace
-from nitro_core.store.safeio import open_nofollow
+from nitro_core.store.safeio import open_nofollow, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,11 @@ class JobIndex:
                 self._forget()  # rewritten by another process: read it whole
                 self._file = (st.st_dev, st.st_ino)
             f.seek(self._offset)
-            data = f.read()
+            try:
+                data = read_capped(f, "job index", str(self.path))
+            except RecordError:  # a cache: the job directories still say everything
+                self._leave_alone("over its size limit")
+                return True
         end = data.rfind(b"\n") + 1  # a line still being written is read next time
         for line in data[:end].splitlines():
             self._lines += 1

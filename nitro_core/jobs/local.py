@@ -11,24 +11,32 @@ reached it). Stopping: a queued job is cancelled; a running one gets the ``stop_
 flag and SIGTERM (graceful), or SIGKILL to its process group (forced).
 
 A server's executor (``warm=True``) keeps a warm worker for evaluations (validate,
-average): one process (``python -m nitro_core.jobs.worker --warm``) that runs them one after
-another, torch imported once, each job handed over on its stdin. While it runs a job, or
-when it cannot take one, a job gets a worker of its own; one killed mid-job leaves its job
-``lost`` as any worker does, and the next evaluation starts a new one. It ends when the
-server does (its stdin closes; the job in hand finishes first).
+average): a fork server (``python -m nitro_core.jobs.worker --warm``) that imported torch
+once and runs each job handed over on its stdin in a child forked for it, one after
+another, so a job starts warm and nothing it changes reaches the next. While it runs a job,
+or when it cannot take one, a job gets a worker of its own; a job's child killed mid-job
+leaves its job ``lost`` as any worker does, and the server forks the next; a fork server
+that died is replaced at the next evaluation. It ends when the server does (its stdin
+closes; the job in hand finishes first).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from nitro_core.errors import UnsafePath
 from nitro_core.jobs.files import (
@@ -43,10 +51,13 @@ from nitro_core.jobs.files import (
     read_spec,
     read_status,
 )
+from nitro_core.jobs.probe import Question
 from nitro_core.jobs.status import compare_and_set, update_status_if
+from nitro_core.store.atomic import Replace
 from nitro_core.store.manifest import now_iso
 
 WARM_KINDS = frozenset({"validate", "average"})  # what the warm worker runs
+ASK_LIMIT_S = 60.0  # the most a question about an experiment's code is waited for
 
 
 class LocalExecutor:
@@ -61,6 +72,7 @@ class LocalExecutor:
         self._warm: subprocess.Popen[bytes] | None = None
         self._warm_job: str | None = None  # the job last handed to it
         self._warm_lock = threading.Lock()  # the server's threads hand jobs over one at a time
+        self._probes: Path | None = None  # where questions and answers pass (a private tmp)
 
     def submit(self, directory: Path, spec: JobSpec) -> None:
         """The job is queued: it starts now if a slot is free, else when one frees."""
@@ -146,11 +158,9 @@ class LocalExecutor:
         return True
 
     def _usable(self, worker: subprocess.Popen[bytes]) -> bool:
-        """Whether the warm worker can take a job: running, and not the worker of a job found
-        lost (it is dying, or was killed: a job handed to it now would be lost too)."""
-        if worker.poll() is not None or not alive(worker.pid, None):
-            return False
-        return self._warm_job is None or _state(self.root, self._warm_job) != "lost"
+        """Whether the warm worker can take a job: its fork server is running (a job's child
+        killed or lost leaves the server as it was)."""
+        return worker.poll() is None and alive(worker.pid, None)
 
     def _drop_warm(self) -> None:
         """Forget the warm worker, killed first when it is still there (never two at once)."""
@@ -171,10 +181,67 @@ class LocalExecutor:
                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
 
+    def ask(self, question: Question, limit_s: float = ASK_LIMIT_S) -> dict[str, Any]:
+        """The answer to a question about an experiment's code (:mod:`nitro_core.jobs.probe`),
+        asked in a child of the warm worker's fork server, else in a process of its own;
+        empty when none came within ``limit_s`` (or the process died): the checks that
+        needed it are left to the job. The server itself runs none of that code."""
+        if self._probes is None:  # private to this server, outside the root: nothing left there
+            self._probes = Path(tempfile.mkdtemp(prefix="nitro-probes-"))
+        probes = self._probes
+        name = uuid.uuid4().hex
+        asked, answered = probes / f"{name}.question.json", probes / f"{name}.answer.json"
+        body = question.model_dump_json().encode()
+        Replace(asked).commit(lambda f: f.write(body))
+        line = json.dumps({"question": str(asked), "answer": str(answered)})
+        try:
+            process = self._send(line) if self.warm else None
+            if process is None:
+                process = subprocess.Popen(
+                    [sys.executable, "-P", "-m", "nitro_core.jobs.probe", str(asked), str(answered)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, cwd=self.root, start_new_session=True,
+                )  # fmt: skip
+            deadline = time.monotonic() + limit_s
+            while not answered.exists():
+                if process.poll() is not None or time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+            if not answered.exists():
+                return {}
+            with contextlib.suppress(ValueError):
+                said = json.loads(answered.read_bytes())
+                return said if isinstance(said, dict) else {}
+            return {}
+        finally:
+            for path in (asked, answered):
+                path.unlink(missing_ok=True)
+
+    def _send(self, line: str) -> subprocess.Popen[bytes] | None:
+        """Hand ``line`` to the fork server (started first when there is none); None when it
+        cannot take it."""
+        with self._warm_lock:
+            worker = self._warm
+            if worker is not None and not self._usable(worker):
+                self._drop_warm()
+                worker = None
+            try:
+                worker = worker or self._start_warm()
+                assert worker.stdin is not None
+                worker.stdin.write(f"{line}\n".encode())
+                worker.stdin.flush()
+            except (OSError, ValueError):
+                self._drop_warm()
+                return None
+            self._warm = worker
+            return worker
+
     def close(self) -> None:
         """The server ends: the warm worker finishes the job in hand, then ends too."""
         with self._warm_lock:
             self.warm = False  # a pump still in flight starts workers of their own
+            if self._probes is not None:
+                shutil.rmtree(self._probes, ignore_errors=True)
             if self._warm is not None and self._warm.stdin is not None:
                 with contextlib.suppress(OSError):
                     self._warm.stdin.close()
@@ -187,6 +254,8 @@ class LocalExecutor:
             self._children.pop(status.job_id, None)
         if status.state != "running" or alive(status.pid, status.pid_start) or _launching(status):
             return status
+        if self._warm is not None and _ended_child_of(status.pid, self._warm.pid):
+            return status  # the fork server is about to record how its job's process ended
 
         def vanished(s: JobStatus) -> bool:  # checked again under the lock: it may have ended
             return s.state == "running" and not alive(s.pid, s.pid_start) and not _launching(s)
@@ -285,6 +354,16 @@ def _waits(root: Path, job_id: str, statuses: list[JobStatus]) -> bool:
     return after is not None and any(
         s.job_id == after and s.state not in TERMINAL for s in statuses
     )
+
+
+def _ended_child_of(pid: int | None, parent: int) -> bool:
+    """Whether ``pid`` is a child of ``parent`` that ended but was not reaped yet (a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] == "Z" and fields[1] == str(parent)
 
 
 def _launching(status: JobStatus) -> bool:

@@ -17,8 +17,8 @@ one, wins over any of these.
 
 from __future__ import annotations
 
+import json
 import math
-import shlex
 import shutil
 import subprocess
 import sys
@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Literal
 
 from nitro_core.errors import ConfigError
-from nitro_core.jobs.call_models import SBATCH_ALLOWED, SlurmOptions, TrainCall
+from nitro_core.jobs.call_models import SlurmOptions, TrainCall
+from nitro_core.jobs.files import checked
+from nitro_core.store.atomic import Replace
 
 QUERY_S = 1.0  # the least time between two engine queries of one job
 TIMEOUT_MARGIN_S = 120.0  # Slurm's --time lies this far (and 10 %) above a call's time_limit
@@ -59,10 +61,9 @@ def _run(argv: list[str], timeout: float = 20) -> subprocess.CompletedProcess[st
 # -- checks before submitting ---------------------------------------------------------------------
 def check_submittable(call: TrainCall) -> None:
     """Refuse, before anything is submitted, a call the cluster cannot take: no ``sbatch``,
-    an unknown partition, more nodes than the partition has, an sbatch line outside the
-    allow-list."""
-    options = call.slurm or SlurmOptions()
-    check_extra(options.extra)
+    an unknown partition, more nodes than the partition has (the options' own patterns and
+    allow-list are :class:`SlurmOptions`' checks)."""
+    options = call.slurm or SlurmOptions()  # its values checked by their patterns
     if shutil.which("sbatch") is None:
         raise ConfigError(
             "executor='slurm' needs Slurm's sbatch on the server's PATH, and there is none. "
@@ -92,19 +93,6 @@ def check_submittable(call: TrainCall) -> None:
         )
 
 
-def check_extra(lines: list[str]) -> None:
-    """Refuse an extra ``#SBATCH`` line whose option is not in :data:`SBATCH_ALLOWED` (by the
-    option's name, before ``=`` or a space)."""
-    for line in lines:
-        flag = line.strip().split("=", 1)[0].split(None, 1)[0] if line.strip() else ""
-        if flag not in SBATCH_ALLOWED:
-            raise ConfigError(
-                f"slurm.extra line {line!r} is not an sbatch option Nitro passes on: the job's "
-                "directory, output and working directory are Nitro's. Send only "
-                f"{', '.join(SBATCH_ALLOWED)}, e.g. slurm={{'extra': ['--mem=16G']}}."
-            )
-
-
 def _partitions() -> dict[str, tuple[int, bool]]:
     """Each partition's node count and whether it is the default, from sinfo."""
     try:
@@ -122,38 +110,58 @@ def _partitions() -> dict[str, tuple[int, bool]]:
 
 
 # -- submitting -----------------------------------------------------------------------------------
-def script(call: TrainCall, directory: Path, root: Path, job_name: str) -> str:
-    """The batch script of a job: its ``#SBATCH`` lines, then the worker."""
+# The batch script is this constant text: every option reaches sbatch as one argv element
+# (:func:`sbatch_argv`), and the worker's command line as the script's arguments, so nothing
+# a caller sent is ever read by a shell (DESIGN section 16).
+SCRIPT = """#!/bin/bash
+# Nitro's batch script: the job's options are sbatch's arguments, and the command it runs
+# arrives as this script's own ("$@"); no caller text is written here.
+export PYTHONUNBUFFERED=1
+exec "$@"
+"""
+
+
+def sbatch_argv(call: TrainCall, directory: Path, root: Path, job_name: str) -> list[str]:
+    """The ``sbatch`` options of a job, one argv element each: Nitro's own (name, nodes, log,
+    working directory, the TERM a minute before the end, ``--time`` above the budget), then
+    the call's checked :class:`SlurmOptions`."""
     options = call.slurm or SlurmOptions()
-    lines = [
-        "#!/bin/bash",
-        f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={call.nodes}",
-        "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --cpus-per-task={call.nproc}",
-        f"#SBATCH --output={directory / 'log.txt'}",
-        "#SBATCH --open-mode=append",
-        f"#SBATCH --chdir={root}",
-        "#SBATCH --signal=B:TERM@60",
+    argv = [
+        f"--job-name={job_name}",
+        f"--nodes={call.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={call.nproc}",
+        f"--output={directory / 'log.txt'}",
+        "--open-mode=append",
+        f"--chdir={root}",
+        "--signal=B:TERM@60",
     ]
     if call.time_limit is not None:
         minutes = math.ceil((call.time_limit * 1.1 + TIMEOUT_MARGIN_S) / 60)
-        lines.append(f"#SBATCH --time={minutes}")
+        argv.append(f"--time={minutes}")
     for name in ("partition", "account", "gres", "qos"):
         value = getattr(options, name)
         if value is not None:
-            lines.append(f"#SBATCH --{name}={value}")
-    lines += [f"#SBATCH {line.strip()}" for line in options.extra]
-    worker = [sys.executable, "-P", "-m", "nitro_core.jobs.worker", str(directory)]
-    lines += ["export PYTHONUNBUFFERED=1", "exec " + shlex.join(worker), ""]
-    return "\n".join(lines)
+            argv.append(f"--{name}={value}")
+    return argv + list(options.extra)
+
+
+def worker_argv(directory: Path) -> list[str]:
+    """What the batch script runs: the worker of the job in ``directory``."""
+    return [sys.executable, "-P", "-m", "nitro_core.jobs.worker", str(directory)]
 
 
 def submit(call: TrainCall, directory: Path, root: Path, job_name: str) -> str:
-    """Write the job's batch script and submit it; returns Slurm's job id."""
-    path = directory / "job.sbatch"
-    path.write_text(script(call, directory, root, job_name))
-    done = _run(["sbatch", "--parsable", str(path)], timeout=60)
+    """Write the job's (constant) batch script and submit it with the job's options as
+    sbatch's arguments; returns Slurm's job id."""
+    path = checked(directory) / "job.sbatch"
+    argv = ["sbatch", "--parsable", *sbatch_argv(call, directory, root, job_name), str(path)]
+    argv += worker_argv(directory)
+    Replace(path).commit(lambda f: f.write(SCRIPT.encode()))
+    # the command as submitted, for a person reading the job's directory (never run from here)
+    body = json.dumps(argv, indent=1).encode()
+    Replace(directory / "sbatch.json").commit(lambda f: f.write(body))
+    done = _run(argv, timeout=60)
     if done.returncode != 0:
         raise ConfigError(
             f"sbatch refused the job: {done.stderr.strip() or done.stdout.strip()}. Check the "

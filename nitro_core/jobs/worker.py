@@ -8,17 +8,18 @@ during training it asks the handle for a graceful stop (the epoch finishes, vali
 checkpoints). SIGKILL leaves the run resumable with resume="auto". A worker that ends
 starts the next queued job, so the queue drains with no server attached.
 
-``python -m nitro_core.jobs.worker --warm`` is the warm worker (:func:`warm`): one process
-that runs evaluation jobs (validate, average) one after another as the server's executor
-hands them over, torch imported once."""
+``python -m nitro_core.jobs.worker --warm`` is the warm worker (:func:`warm`): a fork
+server that has imported torch and Nitro once and runs each evaluation job (validate,
+average) the server's executor hands over in a child ``fork()``ed for it, one after another,
+so jobs start warm and leave nothing behind for the next."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import gc
+import json
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -51,7 +52,8 @@ from nitro_core.jobs.files import (
     read_status,
 )
 from nitro_core.jobs.manager import JobManager
-from nitro_core.jobs.status import update_status, update_status_if
+from nitro_core.jobs.status import compare_and_set, update_status, update_status_if
+from nitro_core.store.atomic import Replace
 from nitro_core.store.listing import read_manifest
 from nitro_core.store.manifest import now_iso
 
@@ -85,56 +87,182 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def warm(fd: int) -> int:
-    """The warm worker: run the evaluation jobs whose directories arrive on ``fd`` (its
-    stdin, one line each, from the server's executor), one at a time, each as a worker of
-    its own would (:func:`main`), in this one process: torch and Nitro are imported once;
-    each job imports its experiment modules afresh (an edited module file is picked up; a
-    helper it imports is not), writes to its own log and records its own end, and starts
-    from the same working directory and environment; memory is released after each. It ends
-    when the server closes its end, never while a job could still arrive."""
+    """The fork server (DESIGN section 16): each evaluation job whose directory arrives on
+    ``fd`` (its stdin, one line each, from the server's executor) runs in a process
+    ``fork()``ed from this one for it, and so does each question the server asks of an
+    experiment's code (a line of JSON, :mod:`nitro_core.jobs.probe`). This process imports
+    torch and Nitro once (:func:`_preload`) and does nothing else with them: it never
+    initializes CUDA, runs no tensor operation and imports no experiment. Each child imports
+    the experiment modules itself, and a job's child writes to the job's log, records the
+    job's end and exits, so whatever a job changes (a patched function or class, torch's
+    defaults, the environment, the working directory, memory it kept) dies with it and the
+    next job starts warm and clean. Children are reaped as they end (the executor hands
+    over one job at a time; questions may come meanwhile). It ends when the server closes
+    its end, never while a job could still arrive."""
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(name)s: %(message)s"
     )
-    home, environment = os.getcwd(), dict(os.environ)
-    for count, line in enumerate(_lines(fd), 1):
-        directory = Path(line)
+    _preload()
+    # a SIGTERM meant for a job that was handed over but has no process of its own yet: the
+    # job's flag in status.json reaches its child at the child's first safe point
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    woken, wake = os.pipe()  # a child's end wakes the loop at once (SIGCHLD writes here)
+    os.set_blocking(wake, False)
+    signal.set_wakeup_fd(wake)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    children: dict[int, tuple[str, Path]] = {}  # pid -> ("job", its directory) or a question
+    jobs = 0
+    for line in _lines(fd, lambda: _reap(children, block=False), woken):
+        if line.startswith("{"):
+            kind, path = "probe", Path(json.loads(line)["answer"])
+        else:
+            jobs += 1
+            kind, path = "job", Path(line)
+        child = os.fork()
+        if child == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(woken)
+            os.close(wake)
+            if kind == "probe":
+                _forked_probe(json.loads(line))  # never returns
+            _forked_job(path, jobs)  # never returns
+        with contextlib.suppress(OSError):
+            os.setpgid(child, child)  # as the child does: whichever runs first
+        children[child] = (kind, path)
+        if kind == "job":
+            _own_pid(path, child)
+    _reap(children, block=True)  # the job in hand finishes first
+    return 0
+
+
+def _reap(children: dict[int, tuple[str, Path]], block: bool) -> None:
+    """Collect the children that ended (all of them, waiting, with ``block``): a job whose
+    process ended without recording its end is recorded as failed with how it ended (a
+    SIGKILL from outside is left for the executor, which finds the job lost); a question
+    whose process died gets an empty answer, so the server does not wait for it."""
+    while children:
+        pid, code = os.waitpid(-1, 0 if block else os.WNOHANG)
+        if pid == 0:
+            return
+        kind, path = children.pop(pid, ("?", Path()))
+        how = _ended(code)
+        log.info("%s %s: its process %d ended (%s)", kind, path.name, pid, how)
+        if kind == "probe" and not path.exists():
+            with contextlib.suppress(OSError):
+                Replace(path).commit(lambda f: f.write(b"{}"))
+        elif kind == "job" and not (os.WIFSIGNALED(code) and os.WTERMSIG(code) == signal.SIGKILL):
+            with contextlib.suppress(Exception):
+                compare_and_set(
+                    path, lambda s: s.state == "running" and not s.stop_requested,
+                    state="failed", phase="failed", ended=now_iso(),
+                    error=f"The job's process ended ({how}) before it could record an end: "
+                    "the experiment's code ended it (os._exit, sys.exit, a crash). Its log "
+                    "holds what it printed.", failure="unexpected",
+                )  # fmt: skip
+
+
+def _preload() -> None:
+    """What every evaluation job imports, imported once in the fork server: torch, the
+    handle, averaging and the registry (no experiment module, no tensor operation)."""
+    import torch  # noqa: F401
+
+    import nitro_core.averaging  # noqa: F401  # lazy: the fork server's preload
+    import nitro_core.registry  # noqa: F401  # lazy: the fork server's preload
+    import nitro_core.training.from_record  # noqa: F401  # lazy: the fork server's preload
+    import nitro_core.training.handle  # noqa: F401  # lazy: the fork server's preload
+
+
+def _forked_job(directory: Path, count: int) -> None:
+    """The child the fork server made for one job: in a process group of its own (a forced
+    stop kills it, not the server), its stdin closed (the server's lines are the parent's),
+    SIGTERM its own again; runs the job as a worker of its own would (:func:`main`) and
+    exits, never returning into the server's loop."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
         try:
             with _job_output(directory):
                 log.info(
-                    "job %s: run by the warm worker %d (its job %d)",
-                    directory.name,
-                    os.getpid(),
-                    count,
-                )
-                main([str(directory)])
+                    "job %s: run by the warm worker %d (its job %d) in process %d",
+                    directory.name, os.getppid(), count, os.getpid(),
+                )  # fmt: skip
+                code = main([str(directory)])
         except UnsafePath as exc:  # its log.txt is a link: failed, as a worker's start is
             update_status_if(
                 directory, {"running"}, state="failed", phase="failed", ended=now_iso(),
                 error=str(exc), hint="Remove the link, then submit the job again.",
             )  # fmt: skip
-        except Exception as exc:  # before the job could record anything: it fails here
+        except BaseException as exc:  # before the job could record anything: it fails here
             log.exception("job %s could not run here", directory.name)
             update_status_if(
                 directory, {"running"}, state="failed", phase="failed", ended=now_iso(),
                 error=f"The warm worker could not run the job: {_error_text(exc)}",
             )  # fmt: skip
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the job's stop handler goes with it
-        os.chdir(home)  # the next job starts where this one did
-        os.environ.clear()
-        os.environ.update(environment)
-        held, kept = _release_memory()
-        log.info("job %s: ended; resident memory %d MB -> %d MB", directory.name, held, kept)
-    return 0
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
-def _lines(fd: int) -> Iterator[str]:
-    """The lines arriving on ``fd``, until it closes."""
+def _forked_probe(request: dict[str, Any]) -> None:
+    """The child the fork server made for a question: its own process group, stdin and
+    stdout closed (the operator's prints go nowhere), the answer written, then exit."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1):
+            os.dup2(null, fd)
+        os.close(null)
+        from nitro_core.jobs.probe import Question, write_answer  # lazy: a probe child's
+
+        question = Question.model_validate_json(Path(request["question"]).read_bytes())
+        write_answer(question, Path(request["answer"]))
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _own_pid(directory: Path, child: int) -> None:
+    """The job's status names its own process, not the fork server (the executor wrote the
+    server's pid when it handed the job over, unless the child reported itself first), so a
+    stop reaches the job alone and a child killed before it could report is found lost."""
+    server = os.getpid()
+    with contextlib.suppress(Exception):  # a job directory gone or damaged: the child says it
+        compare_and_set(
+            directory, lambda s: s.state == "running" and s.pid in (None, server),
+            pid=child, pid_start=process_start(child),
+        )  # fmt: skip
+
+
+def _ended(code: int) -> str:
+    if os.WIFSIGNALED(code):
+        return f"killed by signal {os.WTERMSIG(code)}"
+    return f"exit code {os.waitstatus_to_exitcode(code)}"
+
+
+def _lines(fd: int, idle: Callable[[], None], woken: int) -> Iterator[str]:
+    """The lines arriving on ``fd``, until it closes; ``idle`` is called whenever ``woken``
+    has bytes (a child ended) and at least once a second (the fork server reaps then)."""
     pending = b""
     while True:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             if line.strip():
                 yield line.decode().strip()
+        idle()
+        ready, _, _ = select.select([fd, woken], [], [], 1.0)
+        if woken in ready:
+            os.read(woken, 4096)
+        if fd not in ready:
+            continue
         chunk = os.read(fd, 65536)
         if not chunk:
             return  # the server closed its end
@@ -158,27 +286,6 @@ def _job_output(directory: Path) -> Iterator[None]:
         for fd, copy in zip((1, 2), saved, strict=True):
             os.dup2(copy, fd)
             os.close(copy)
-
-
-def _release_memory() -> tuple[int, int]:
-    """Give back what the job held: its objects, torch's cached device memory, and the
-    allocator's free pages; this process's resident memory before and after, in MB."""
-    held = _resident_mb()
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return held, _resident_mb()
-
-
-def _resident_mb() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def _rank(spec: JobSpec, directory: Path, stop: _Stop) -> int:
@@ -277,7 +384,7 @@ def _pump_queue(directory: Path, spec: JobSpec) -> None:
         log.exception("could not start the next queued job")
 
 
-def _error_text(exc: Exception) -> str:
+def _error_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, NitroError) else f"{type(exc).__name__}: {exc}"
 
 

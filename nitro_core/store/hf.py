@@ -28,6 +28,7 @@ import glob
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,7 +38,13 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from nitro_core.errors import CheckpointMissing, CheckpointNotFound, ConfigError, RecordError
+from nitro_core.errors import (
+    CheckpointMissing,
+    CheckpointNotFound,
+    ConfigError,
+    RecordError,
+    UnsafePath,
+)
 from nitro_core.store import deleter, safeio
 from nitro_core.store.atomic import TMP_SUFFIX, PublishDirectory, Replace
 from nitro_core.store.record_header import META_KEY
@@ -239,9 +246,9 @@ def weight_files(directory: Path, shown: str) -> dict[str, list[str]]:
             "(a killed writer's), which Nitro never loads; the next export_hf to that out_dir "
             "removes it. Write hf: and the published directory, or run export_hf again."
         )
-    if (directory / INDEX).is_file():
+    if _regular(directory / INDEX, shown):
         return _from_index(directory, shown)
-    if (directory / SINGLE).is_file():
+    if _regular(directory / SINGLE, shown):
         return {SINGLE: []}  # every key of the one file
     held = sorted(p.name for p in directory.iterdir())[:8]
     pickled = (
@@ -256,18 +263,52 @@ def weight_files(directory: Path, shown: str) -> dict[str, list[str]]:
     )
 
 
+def _regular(path: Path, shown: str) -> bool:
+    """Whether ``path`` is a regular file (False when missing), never following a link: a
+    file an ``hf:`` directory names that is a link is refused, since it could lead outside
+    the root the directory was checked against (DESIGN section 16)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if stat.S_ISLNK(mode):
+        raise UnsafePath(
+            f"Source {shown!r}: {str(path)!r} is a symbolic link, and Nitro never follows a "
+            "link for a file of an hf: directory (it could lead outside the server's root). "
+            "Copy the real file into the directory in its place (cp --remove-destination "
+            "--dereference), or export the model there again."
+        )
+    return stat.S_ISREG(mode)
+
+
+def _read_json(path: Path, what: str) -> Any:
+    """A JSON file of an ``hf:`` directory, opened without following a link and refused
+    when over its size limit (:data:`safeio.READ_LIMITS`) before a byte is read."""
+    with os.fdopen(safeio.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        return json.loads(safeio.read_capped(f, what, str(path)))
+
+
 def _from_index(directory: Path, shown: str) -> dict[str, list[str]]:
     where = str(directory / INDEX)
     try:
-        index = json.loads((directory / INDEX).read_text())
+        index = _read_json(directory / INDEX, "safetensors index")
         weight_map = index["weight_map"]
         if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
         ):
             raise TypeError("weight_map is not an object of key -> file name")
+    except RecursionError:
+        raise RecordError(
+            f"Source {shown!r}: {where!r} is not a safetensors index (its JSON nests deeper "
+            "than Python parses); it must hold "
+            '{"metadata": {...}, "weight_map": {"<key>": "<shard file>"}}. Write it again with '
+            "save_pretrained() or export_hf()."
+        ) from None
+    except RecordError:
+        raise  # over its size limit
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordError(
-            f"Source {shown!r}: {where!r} is not a safetensors index ({exc}); it must hold "
+            f"Source {shown!r}: {where!r} is not a safetensors index ({_clip(exc)}); it must hold "
             '{"metadata": {...}, "weight_map": {"<key>": "<shard file>"}}. Write it again with '
             "save_pretrained() or export_hf()."
         ) from None
@@ -280,7 +321,7 @@ def _from_index(directory: Path, shown: str) -> dict[str, list[str]]:
             )
         files.setdefault(name, []).append(key)
     for name in files:
-        if not (directory / name).is_file():
+        if not _regular(directory / name, shown):
             raise CheckpointMissing(
                 f"Source {shown!r}: {where!r} names the shard {name!r}, which is missing from "
                 f"{str(directory)!r}. Copy the whole directory, or export it again."
@@ -310,10 +351,16 @@ def read_dir(directory: Path, shown: str) -> tuple[dict[str, torch.Tensor], dict
                 "hold them. Export the directory again."
             )
     provenance: dict[str, Any] = {}
-    if (directory / PROVENANCE).is_file():
+    if _regular(directory / PROVENANCE, shown):
         try:
-            loaded = json.loads((directory / PROVENANCE).read_text())
+            loaded = _read_json(directory / PROVENANCE, "provenance file")
             provenance = loaded if isinstance(loaded, dict) else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # RecordError (over its limit) among them
             provenance = {}
     return tensors, provenance
+
+
+def _clip(value: object) -> str:
+    """An exception's text about a file's contents, cut to 200 characters."""
+    text = str(value)
+    return text if len(text) <= 200 else text[:200] + "…"

@@ -45,7 +45,7 @@ from nitro_core.errors import CheckpointCorrupt
 from nitro_core.store import digest, journal
 from nitro_core.store.claims import manifest_lock
 from nitro_core.store.manifest_file import MANIFEST_NAME, paused_gc, save_manifest_bytes
-from nitro_core.store.safeio import open_nofollow
+from nitro_core.store.safeio import open_nofollow, read_capped
 
 FORMAT: Final = "nitro-manifest/1"
 
@@ -331,7 +331,7 @@ def _refresh_base(run_dir: Path, seen: _Seen) -> bool:
         key = _key(st)
         if key == seen.base_key and not _racy(st, seen):
             return False
-        data = f.read()
+        data = read_capped(f, "manifest", str(path))
     content = xxhash.xxh3_128_hexdigest(data)
     if key == seen.base_key and content == seen.base_hash:
         return False
@@ -365,7 +365,7 @@ def _refresh_journal(run_dir: Path, seen: _Seen) -> bool:
             data = os.pread(f.fileno(), st.st_size - old.end, old.end)
             parsed = journal.parse(data, path, _copied(old), old.end)
         else:
-            parsed = journal.parse(f.read(), path)
+            parsed = journal.parse(read_capped(f, "journal", str(path)), path)
         seen.journal_tail = os.pread(
             f.fileno(), min(64, parsed.end), parsed.end - min(64, parsed.end)
         )

@@ -17,7 +17,7 @@ from typing import Any
 
 from nitro_core.errors import DiskFull
 from nitro_core.store.atomic import Replace
-from nitro_core.store.safeio import open_nofollow
+from nitro_core.store.safeio import open_nofollow, read_capped
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_ROOM = 64 * 1024  # free bytes kept beyond the manifest's size before a record commits
@@ -44,7 +44,7 @@ def load_manifest_bytes(directory: Path) -> bytes | None:
     except FileNotFoundError:
         return None
     with os.fdopen(fd, "rb") as f:
-        return f.read()
+        return read_capped(f, "manifest", str(Path(directory) / MANIFEST_NAME))
 
 
 def save_manifest_json(directory: Path, data: Mapping[str, Any]) -> None:

@@ -60,7 +60,7 @@ class Listed:
 
 
 def load(run: ObjectUrl) -> Listed:
-    got = bucket(run).get(run.child(MANIFEST_NAME).key)
+    got = bucket(run).get(run.child(MANIFEST_NAME).key, "manifest")
     if got is None:
         return Listed(Manifest(), None)
     shown = run.child(MANIFEST_NAME).shown()
@@ -304,7 +304,7 @@ def fetch_directory(record: ObjectUrl, into: Path) -> Path:
     it names (its readers check every file against it, and it against the manifest). Ranks
     of one machine share the copy: one takes it (under a lock), the others find it whole."""
     store = bucket(record)
-    got = store.get(record.child(HEADER_NAME).key)
+    got = store.get(record.child(HEADER_NAME).key, "record header")
     if got is None:
         raise _gone(record)
     try:
@@ -649,7 +649,7 @@ def _written(into: Path, name: str, fill: Callable[[int], None]) -> Path:
 
 def _directory_header(record: ObjectUrl, expected: str) -> dict[str, Any]:
     """A listed record directory's ``header.json``, checked against the manifest's digest."""
-    got = bucket(record).get(record.child(HEADER_NAME).key)
+    got = bucket(record).get(record.child(HEADER_NAME).key, "record header")
     if got is None:
         raise _gone(record)
     if digest.tree(got.body) != expected:

@@ -24,6 +24,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from nitro_core.errors import ConfigError, ObjectStoreError
+from nitro_core.store.safeio import READ_LIMITS, too_large
 
 SCHEME = "s3://"
 PART = 16 * 1024 * 1024  # bytes per part of an upload or a ranged read; below it: one PUT
@@ -114,13 +115,22 @@ class Bucket:
     def __init__(self, bucket: str, client: Any) -> None:
         self.name, self.client = bucket, client
 
-    def get(self, key: str) -> Got | None:
-        """The whole object, or None when there is none."""
+    def get(self, key: str, what: str) -> Got | None:
+        """The whole object, or None when there is none; refused (:func:`safeio.too_large`)
+        by its length, before its body is read, when longer than the limit for ``what``."""
         try:
             r = self._call("get_object", Key=key)
         except _NoSuchKey:
             return None
-        return Got(r["Body"].read(), r["ETag"])
+        size = int(r.get("ContentLength") or 0)
+        limit = READ_LIMITS[what]
+        if size > limit:
+            r["Body"].close()  # the connection is dropped, not drained
+            raise too_large(what, f"s3://{self.name}/{key}", size)
+        body: bytes = r["Body"].read(limit + 1)
+        if len(body) > limit:
+            raise too_large(what, f"s3://{self.name}/{key}", len(body))
+        return Got(body, r["ETag"])
 
     def get_range(self, key: str, start: int, stop: int) -> bytes:
         """Bytes ``start`` to ``stop`` (exclusive) of the object; fewer when it is shorter."""

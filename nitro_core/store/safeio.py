@@ -19,13 +19,55 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
-from nitro_core.errors import DiskFull, UnsafePath
+from nitro_core.errors import DiskFull, RecordError, UnsafePath
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 RUN_DIR = "a run directory"
+
+# The most Nitro reads of each file it parses whole (DESIGN section 16): the size is checked
+# before a byte is read (fstat on disk, the object's length on S3), so a planted or damaged
+# file costs a refusal, never the memory to hold it. Each is far above what Nitro writes.
+MiB = 1024 * 1024
+READ_LIMITS = {
+    "manifest": 128 * MiB,  # ~300k entries; a 100k-entry manifest is ~40 MiB
+    "journal": 512 * MiB,  # the manifest's appended changes between two compactions
+    "record header": 100 * MiB,  # as record_header.MAX_HEADER, for a record directory's JSON
+    "safetensors index": 64 * MiB,  # a Hugging Face directory's weight map
+    "provenance file": 16 * MiB,
+    "job file": 16 * MiB,  # a job's spec.json or status.json
+    "job index": 256 * MiB,  # the job store's index, read from where it was last read
+    "claim": 1 * MiB,  # an object store's claim object
+}
+
+
+def too_large(what: str, shown: str, size: int) -> RecordError:
+    """The refusal of a ``what`` (a key of :data:`READ_LIMITS`) of ``size`` bytes."""
+    limit = READ_LIMITS[what]
+    return RecordError(
+        f"Refusing to read the {what} {shown!r}: it is {size} bytes, over the {limit} bytes "
+        f"({limit // MiB} MiB) Nitro reads of a {what}, far more than Nitro ever writes, so "
+        "it was not written by Nitro or is damaged. Move it aside (or restore it from a "
+        "backup) and call again."
+    )
+
+
+def read_capped(f: BinaryIO, what: str, shown: str, size: int | None = None) -> bytes:
+    """The rest of the open file ``f``, refused (:func:`too_large`) when longer than the
+    limit for ``what``: by its size before reading (``size``, else fstat from the current
+    position), then by what a read returns (a file that grows meanwhile)."""
+    limit = READ_LIMITS[what]
+    if size is None:
+        size = os.fstat(f.fileno()).st_size - f.tell()
+    if size > limit:
+        raise too_large(what, shown, size)
+    data = f.read(limit + 1)
+    if len(data) > limit:
+        raise too_large(what, shown, len(data))
+    return data
 
 
 def link_refusal(path: Path, where: str = RUN_DIR) -> UnsafePath:

@@ -14,7 +14,7 @@ from typing import Any
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing
 from nitro_core.store import digest
-from nitro_core.store.safeio import open_nofollow
+from nitro_core.store.safeio import open_nofollow, read_capped
 
 HEADER_NAME = "header.json"
 SHARD_NAME = re.compile(r"^shard-\d+-model-\d+-of-\d+\.safetensors$")  # DCP's names
@@ -52,7 +52,7 @@ def header_bytes(path: Path) -> bytes:
     except (FileNotFoundError, NotADirectoryError):
         raise missing_header(path) from None
     with os.fdopen(fd, "rb") as f:
-        return f.read()
+        return read_capped(f, "record header", str(path / HEADER_NAME))
 
 
 def checked_header(path: Path, expected: str | None) -> dict[str, Any]:

@@ -238,7 +238,7 @@ def _experiments(args: argparse.Namespace) -> int:
     from nitro_mcp.experiments import listing  # lazy: the registry imports torch
 
     g = gate(args)
-    result = listing(g.registry, g.experiment_splits, args.name)
+    result = listing(g.registry, g.described, args.name)
 
     def lines() -> Iterator[str]:
         for x in result.experiments:

@@ -181,7 +181,9 @@ def cli_errors(exc: ValidationError) -> str:
     for err in exc.errors():
         flag = f"--{str(err['loc'][0]).replace('_', '-')}" if err["loc"] else "the options"
         bounds = _bounds(err["loc"])
-        if err["type"] in ("greater_than_equal", "less_than_equal") and len(bounds) == 2:
+        if err["type"] == "value_error" and "error" in err.get("ctx", {}):  # says it whole
+            parts.append(f"{flag}: {err['ctx']['error']}")
+        elif err["type"] in ("greater_than_equal", "less_than_equal") and len(bounds) == 2:
             low, high = bounds
             parts.append(f"{flag} {err['input']} is not {low} to {high}; e.g. {flag} {low + 1}.")
         else:

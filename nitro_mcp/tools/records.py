@@ -68,9 +68,7 @@ def register(server: NitroServer, gate: Gate) -> None:
     async def nitro_experiments(
         name: Annotated[str | None, Field(description="One; default all.")] = None,
     ) -> models.ExperimentsResult:
-        return await off_loop(
-            lambda: experiments_listing(gate.registry, gate.experiment_splits, name)
-        )
+        return await off_loop(lambda: experiments_listing(gate.registry, gate.described, name))
 
 
 def runs(

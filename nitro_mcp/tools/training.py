@@ -17,14 +17,13 @@ import anyio
 from mcp.server.mcpserver import Context
 from pydantic import Field, StrictBool
 
-from nitro_core.errors import ConfigError, NitroError
+from nitro_core.errors import ConfigError, NitroError, parts_from_json
 from nitro_core.jobs import JobStatus, groups, request_ids, slurm
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
 from nitro_core.jobs.calls import arguments, train_arguments
 from nitro_core.jobs.manager import new_job_id
 from nitro_core.jobs.ranks import process_limit
 from nitro_core.sources.grammar import Average, Pair, to_source
-from nitro_core.sources.selection import check_keep_holds
 from nitro_core.store import listing, object_run
 from nitro_core.training.options import check_options
 from nitro_mcp import call_checks, following, models, observe, seed_groups
@@ -220,6 +219,10 @@ def _checked_train(
     restore_best = flag_text(call.restore_best, "restore_best")
     experiment, overrides, weights = call.experiment, call.overrides, call.weights
     cls = gate.experiment_class(experiment, overrides)
+
+    def shapes(exp: Any) -> dict[str, list[int]] | None:
+        return gate.shapes(experiment, exp)
+
     url = gate.storage_url(call.run_dir)  # an object-store run directory, under --storage
     where = gate.run_dir(call.run_dir, experiment) if url is None else object_run.staging(url)
     place = str(url) if url else str(where)  # the job's run_dir
@@ -246,17 +249,19 @@ def _checked_train(
     else:  # the recorded config, overrides changing Host fields only
         # queued behind a job, the run may have trained on by its start: its worker checks
         exp = call_checks.resume_experiment(
-            cls, point, overrides, args, busy is None, gate.registry
+            cls, point, overrides, args, busy is None, gate.registry, shapes
         )
         point.check_config(exp)
-    observe.check_logger(call.logger, point, exp, args)
+    average = str(opts.restore_best) if isinstance(opts.restore_best, Average) else None
+    hooks = gate.ask(experiment, exp, "logger", keep_for=average) if point or average else {}
+    observe.check_logger(call.logger, point, exp, args, hooks.get("logger"))
     if opts.weights is not None:
         found = gate.check_source(opts.weights, place if url else where, "weights")
         check_record_fits(
-            exp, found, call.strict, gate.named(found), "nitro_train", args, gate.registry
+            exp, found, call.strict, gate.named(found), "nitro_train", args, gate.registry, shapes
         )
-    if isinstance(opts.restore_best, Average):
-        check_keep_holds(exp.checkpointer(), opts.restore_best, exp.max_epochs)
+    if hooks.get("keep"):  # checkpointer()'s keep cannot hold the restore_best average
+        raise ConfigError(*parts_from_json(hooks["keep"]))
     _check_seed(call.seed)
     _check_device(call.device)
     call = _with_executor(gate, call)
@@ -349,7 +354,8 @@ def _submit_validate(gate: Gate, call: ValidateCall) -> tuple[JobStatus, list[st
     args = arguments(
         ValidateCall, {**call.model_dump(), "run_dir": str(url) if url else shown(gate.root, where)}
     )
-    check_record_fits(exp, path, True, named, "nitro_validate", args, gate.registry)
+    check_record_fits(exp, path, True, named, "nitro_validate", args, gate.registry,
+                      lambda e: gate.shapes(experiment, e))  # fmt: skip
     gate.check_split(experiment, call.split)
     return gate.jobs.submit(call, experiment_modules=gate.modules), notes
 
@@ -422,7 +428,8 @@ def checked_average(gate: Gate, call: AverageCall) -> tuple[AverageCall, list[st
         }
         args.update({"overrides": overrides} if overrides else {})
         args.update({"split": split} if split != "val" else {})
-        check_record_fits(exp, path, True, gate.named(path), "average", args, gate.registry)
+        check_record_fits(exp, path, True, gate.named(path), "average", args, gate.registry,
+                          lambda e: gate.shapes(experiment, e))  # fmt: skip
         gate.check_split(experiment, split)
     call = call.model_copy(
         update={"run_dir": str(where), "save": str(saved) if saved else None,

@@ -1,14 +1,13 @@
 """The Slurm executor's pure rules, without a cluster: how each command's output is read
 (the rows below are what Debian's sacct, squeue and scontrol print, copied from the local
 cluster of ``slurm_local``), which states end an allocation, how a job ends when its worker
-recorded no end (the TIMEOUT mapping among them), the sbatch allow-list, and the engine
-query rate limit. The real cluster runs in tests/nitro_mcp/test_slurm_executor.py."""
+recorded no end (the TIMEOUT mapping among them), and the engine query rate limit (the
+options' patterns and the sbatch command line: test_slurm_options.py). The real cluster runs in tests/nitro_mcp/test_slurm_executor.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from nitro_core.errors import ConfigError
 from nitro_core.jobs import slurm
 from nitro_core.jobs.cluster import ending
 
@@ -87,24 +86,6 @@ def test_a_job_whose_allocation_is_gone_without_its_end(word, stop_requested, la
         assert changes["error"] == text
     if word == "TIMEOUT" and state == "stopped":
         assert changes["result"] == {"stop_reason": "budget", "record": RECORD}
-
-
-@pytest.mark.parametrize("line", ["--mem=16G", "--exclusive", "--constraint volta", " --nice=5"])
-def test_allowed_sbatch_lines_pass(line):
-    slurm.check_extra([line])
-
-
-@pytest.mark.parametrize(
-    "line", ["--output=/tmp/x", "--chdir=/", "-o /tmp/x", "--mem-bind=local", "", "--wrap=ls"]
-)
-def test_sbatch_lines_outside_the_allow_list_are_refused(line):
-    with pytest.raises(ConfigError) as caught:
-        slurm.check_extra(["--mem=1G", line])
-    assert str(caught.value).startswith(
-        f"slurm.extra line {line!r} is not an sbatch option Nitro passes on: the job's "
-        "directory, output and working directory are Nitro's. Send only --mem, "
-    )
-    assert str(caught.value).endswith("e.g. slurm={'extra': ['--mem=16G']}.")
 
 
 def test_the_engine_is_asked_at_most_once_per_second_per_job():

@@ -243,8 +243,8 @@ def test_a_step_budget_on_slurm_stops_with_budget_and_resumes(cluster, tmp_path)
 
     end = anyio.run(main)
     assert end["state"] == "stopped" and end["result"]["stop_reason"] == "budget", end
-    script = (job_dir(tmp_path, end["job_id"]) / "job.sbatch").read_text()
-    assert "#SBATCH --time=13\n" in script  # ceil((600 * 1.1 + 120) / 60) minutes: a fallback
+    argv = json.loads((job_dir(tmp_path, end["job_id"]) / "sbatch.json").read_text())
+    assert "--time=13" in argv  # ceil((600 * 1.1 + 120) / 60) minutes: a fallback
     assert read_manifest(tmp_path / "runs" / "Regression")[-1].stop_reason == "budget"
 
 
@@ -266,8 +266,8 @@ def test_a_time_limit_on_slurm_stops_with_budget_and_resume_auto_ends_bitwise_eq
 
     stopped, resumed = anyio.run(main)
     assert stopped["state"] == "stopped" and stopped["result"]["stop_reason"] == "budget", stopped
-    script = (job_dir(tmp_path, stopped["job_id"]) / "job.sbatch").read_text()
-    assert "#SBATCH --time=3\n" in script  # ceil((1 * 1.1 + 120) / 60) minutes: a fallback
+    argv = json.loads((job_dir(tmp_path, stopped["job_id"]) / "sbatch.json").read_text())
+    assert "--time=3" in argv  # ceil((1 * 1.1 + 120) / 60) minutes: a fallback
     budget = [e for e in read_manifest(tmp_path / "runs" / "SlowSteps") if e.stop_reason]
     assert [(e.epoch, e.stop_reason) for e in budget][0] == (1, "budget")  # no point fits 1 s
     assert resumed["state"] == "succeeded", resumed
@@ -332,6 +332,52 @@ def test_what_the_cluster_cannot_take_is_refused_at_the_call(cluster, tmp_path, 
     assert not (tmp_path / ".nitro" / "jobs").exists() or not any(
         (tmp_path / ".nitro" / "jobs").iterdir()
     )
+
+
+def test_hostile_slurm_options_create_nothing_on_the_cluster(cluster, tmp_path):
+    """The audit's markers: a newline in an option and a second option on one extra line;
+    each refused at the call, no job submitted, no marker created on the node."""
+    markers = [tmp_path / f"marker{i}" for i in range(3)]
+    hostile = [
+        {"account": f"acct\ntouch {markers[0]}"},
+        {"qos": f"normal\rtouch {markers[1]}"},
+        {"extra": [f"--comment=x --output={markers[2]}"]},
+    ]
+
+    async def main():
+        async with _server(tmp_path) as client:
+            return [await call(client, "nitro_train", experiment="Regression", slurm=options)
+                    for options in hostile]  # fmt: skip
+
+    for err, reply in anyio.run(main):
+        assert err and ("it must match" in reply or "matching ^--" in reply), reply
+    done = subprocess.run(["squeue", "-h", "-o", "%i"], env=cluster.environment(),
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert done.stdout.strip() == ""  # nothing was submitted
+    assert not any(m.exists() for m in markers)
+    assert not (tmp_path / ".nitro" / "jobs").exists() or not any(
+        (tmp_path / ".nitro" / "jobs").iterdir()
+    )
+
+
+def test_a_root_with_spaces_trains_on_the_cluster(cluster, tmp_path):
+    """Paths reach sbatch and the worker as argv, so a root holding spaces just works."""
+    root = tmp_path / "my runs" / "a b"
+    root.mkdir(parents=True)
+
+    async def main():
+        async with _server(root) as client:
+            err, job = await call(client, "nitro_train", experiment="Regression",
+                                  overrides={"max_epochs": 1, "samples": 64},
+                                  slurm={"extra": ["--comment=spaces"]})  # fmt: skip
+            assert not err, job
+            return await wait_done(client, job["job_id"], limit=600)
+
+    end = anyio.run(main)
+    assert end["state"] == "succeeded", end
+    assert read_manifest(root / "runs" / "Regression")
+    argv = json.loads((job_dir(root, end["job_id"]) / "sbatch.json").read_text())
+    assert f"--chdir={root}" in argv and "--comment=spaces" in argv
 
 
 def test_no_sbatch_on_the_path_is_refused_with_what_to_send(cluster, tmp_path, monkeypatch):
