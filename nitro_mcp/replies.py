@@ -179,7 +179,9 @@ class ListingSchema(GenerateJsonSchema):
     argument is refused by name), ``X | None`` written ``"type": [X, "null"]``, an optional
     argument whose default is null listed by its other type (leaving it out says null), an
     enum without its type, and an object of any values written ``{"type": "object"}``.
-    Enums, bounds, defaults and descriptions stay; nested models are shared ``$defs``."""
+    Enums, bounds, defaults and descriptions stay; nested models are shared ``$defs``. A
+    string's ``pattern`` (Slurm's options) is left to the complete schemas (``schemas/``,
+    ``list_tools(full=True)``) and to the refusal, which quotes it."""
 
     def __init__(self, by_alias: bool = True, ref_template: str = DEFAULT_REF_TEMPLATE,
                  union_format: Any = "primitive_type_array") -> None:  # fmt: skip
@@ -210,9 +212,16 @@ class ListingSchema(GenerateJsonSchema):
 
     def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
         inner = schema["schema"]
+        while inner["type"] == "function-before":  # a field's own check shows no schema
+            inner = inner["schema"]
         if schema.get("default", ...) is None and inner["type"] == "nullable":
             return self.generate_inner(inner["schema"])
         return super().default_schema(schema)
+
+    def str_schema(self, schema: core_schema.StringSchema) -> JsonSchemaValue:
+        out = super().str_schema(schema)
+        out.pop("pattern", None)
+        return out
 
     def literal_schema(self, schema: core_schema.LiteralSchema) -> JsonSchemaValue:
         out = super().literal_schema(schema)

@@ -59,7 +59,7 @@ _RUN_DIR = "Run directory inside the root; default runs/<experiment>."
 SLURM_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.,-]{0,127}$"  # partition, account, qos (a,b: a list)
 SLURM_GRES = r"^[A-Za-z0-9_][A-Za-z0-9_.,:-]{0,127}$"  # e.g. gpu:4, gpu:a100:2,mps:100
 _VALUE = r"[A-Za-z0-9_.:,@%+/=\[\]][A-Za-z0-9_.:,@%+/=\[\]-]{0,255}"
-SLURM_EXTRA = rf"^--(?:{'|'.join(o[2:] for o in SBATCH_ALLOWED)})(?:={_VALUE})?$"
+SLURM_EXTRA = rf"^--[a-z][a-z-]*(?:={_VALUE})?$"  # one option; its name from SBATCH_ALLOWED
 _SLURM_SAMPLES = {"partition": "debug", "account": "research", "qos": "normal", "gres": "gpu:4"}
 
 
@@ -86,7 +86,7 @@ class SlurmOptions(BaseModel):
     extra: list[Annotated[str, Field(pattern=SLURM_EXTRA)]] = Field(
         default_factory=list,
         max_length=32,
-        description="Allowed sbatch options, one --name=value an item, e.g. ['--mem=16G'].",
+        description="Allowed sbatch options, e.g. ['--mem=16G'].",
     )
 
     @field_validator("partition", "account", "qos", "gres", mode="before")
@@ -106,9 +106,11 @@ class SlurmOptions(BaseModel):
     @classmethod
     def _single_options(cls, value: Any) -> Any:
         for item in value if isinstance(value, list) else []:
-            if not isinstance(item, str) or re.fullmatch(SLURM_EXTRA, item):
+            if not isinstance(item, str):
                 continue
             flag = re.match(r"\s*(-*[A-Za-z-]*)", item).group(1)  # type: ignore[union-attr]
+            if flag in SBATCH_ALLOWED and re.fullmatch(SLURM_EXTRA, item):
+                continue
             if flag not in SBATCH_ALLOWED:
                 raise ValueError(
                     f"slurm.extra line {_clipped(item)} is not an sbatch option Nitro passes "
