@@ -50,6 +50,7 @@ from nitro_core.jobs.files import (
     open_log,
     read_spec,
     read_status,
+    real_dir,
 )
 from nitro_core.jobs.probe import Question
 from nitro_core.jobs.status import compare_and_set, update_status_if
@@ -172,14 +173,22 @@ class LocalExecutor:
         self._warm, self._warm_job = None, None
 
     def _start_warm(self) -> subprocess.Popen[bytes]:
+        """The fork server, its own lines (between jobs) in ``.nitro/warm.log``; started by a
+        question before the root has a job store, on the server's stderr instead (a refused
+        call leaves nothing under the root)."""
         store = self.root / STORE_NAME
+        if not real_dir(store):
+            return self._fork_server(2)  # this process's stderr; never fd 1, the MCP channel
         fd = os.open(store / "warm.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
-        with os.fdopen(fd, "ab") as log_file:  # its own lines between jobs
-            return subprocess.Popen(
-                [sys.executable, "-P", "-m", "nitro_core.jobs.worker", "--warm"],
-                stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT, cwd=self.root,
-                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )  # fmt: skip
+        with os.fdopen(fd, "ab") as log_file:
+            return self._fork_server(log_file.fileno())
+
+    def _fork_server(self, log_fd: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-P", "-m", "nitro_core.jobs.worker", "--warm"],
+            stdin=subprocess.PIPE, stdout=log_fd, stderr=subprocess.STDOUT, cwd=self.root,
+            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
 
     def ask(self, question: Question, limit_s: float = ASK_LIMIT_S) -> dict[str, Any]:
         """The answer to a question about an experiment's code (:mod:`nitro_core.jobs.probe`),
