@@ -164,8 +164,13 @@ def _reap(children: dict[int, tuple[str, Path]], block: bool) -> None:
 
 def _preload() -> None:
     """What every evaluation job imports, imported once in the fork server: torch, the
-    handle, averaging and the registry (no experiment module, no tensor operation)."""
+    handle, averaging and the registry (no experiment module, no tensor operation), and
+    ``torch._dynamo``, which building an optimizer imports (measured: 1.3 to 2.7 s of each
+    forked job without it, 40 ms with it)."""
     import torch  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import torch._dynamo  # noqa: F401
 
     import nitro_core.averaging  # noqa: F401  # lazy: the fork server's preload
     import nitro_core.registry  # noqa: F401  # lazy: the fork server's preload
