@@ -26,13 +26,13 @@ from nitro_core.sources.grammar import HF_PREFIX, Average, HFDirectory, Pair
 from nitro_core.state import rng
 from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMA, EMATracker
-from nitro_core.store import manifest, object_run
+from nitro_core.store import object_run
 from nitro_core.store.objects import ObjectUrl
 from nitro_core.training import distributed, ranking, setup, sharding
 from nitro_core.training.checkpointing import OneFile, RecordWriter
 from nitro_core.training.distributed import Dist
 from nitro_core.training.loggers import Logger, MutedLogger, choose_logger
-from nitro_core.training.resume import ResumePoint, latest_point, resume_from_source
+from nitro_core.training.resume import ResumePoint
 from nitro_core.training.sharded_save import RecordDirectory
 from nitro_core.training.step import Stepper, StepSettings, split_compiled, step_settings
 from nitro_core.training.stopping import EarlyStopper, EarlyStopping, Plateau
@@ -100,45 +100,39 @@ def check_experiment(experiment: Experiment) -> Checkpointer | None:
     return ckpt
 
 
+def location(
+    experiment: Experiment, ckpt: Checkpointer | None, run_dir: str | Path | None
+) -> tuple[Path, ObjectUrl | None]:
+    """Where the run lives: its directory (on object storage, its staging directory) and
+    its object-store URL, if any."""
+    storage = setup.storage_of(run_dir, ckpt)
+    if storage is not None:
+        return object_run.staging(storage), storage
+    return setup.resolve_run_dir(run_dir, ckpt, type(experiment).__name__), None
+
+
 def place(
     experiment: Experiment,
-    ckpt: Checkpointer | None,
-    run_dir: str | Path | None,
+    where: Path,
+    storage: ObjectUrl | None,
     device: str | torch.device,
     strategy: str,
 ) -> Place:
-    """Where the run lives, on which device, in which process group."""
-    storage = setup.storage_of(run_dir, ckpt)
-    if storage is not None:
-        where = object_run.staging(storage)
-    else:
-        where = setup.resolve_run_dir(run_dir, ckpt, type(experiment).__name__)
+    """Where the run lives (:func:`location`), on which device, in which process group."""
     chosen = setup.resolve_device(device)
     # "auto" and "cuda" leave the GPU to the rank (cuda:LOCAL_RANK); "cuda:1" pins it
     dist, on = distributed.join(strategy, chosen, requested=chosen.index is not None)
     return Place(where, dist, on, step_settings(experiment, on), storage)
 
 
-def resume_point(
-    resume: Any,
-    run_dir: Path,
-    entries: list[manifest.ManifestEntry],
-    storage: ObjectUrl | None = None,
-) -> ResumePoint | None:
-    """The record a resume continues, or None for a fresh run (on object storage, the
-    record is copied down into ``run_dir``, the staging directory, first)."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        if not entries:
-            warnings.warn(
-                f"resume='auto' found nothing to resume in {str(run_dir)!r}; starting a fresh run.",
-                NitroWarning,
-                stacklevel=3,
-            )
-            return None
-        return latest_point(entries, run_dir, storage)
-    return resume_from_source(resume, run_dir, entries, storage)
+def warn_nothing_to_resume(resume: Any, point: ResumePoint | None, run_dir: Path) -> None:
+    """``resume='auto'`` in a directory with nothing to resume starts fresh, and says so."""
+    if resume == "auto" and point is None:
+        warnings.warn(
+            f"resume='auto' found nothing to resume in {str(run_dir)!r}; starting a fresh run.",
+            NitroWarning,
+            stacklevel=3,
+        )
 
 
 def name_run(
@@ -168,8 +162,8 @@ def name_run(
 def check_resumable(
     point: ResumePoint, seed: int | None, experiment: Experiment, where: Place
 ) -> int:
-    """Refuse a resume that could not be exact; returns the recorded seed."""
-    point.check_resumable()
+    """Refuse a resume that could not be exact (a weights-only record is the plan's
+    refusal, :mod:`nitro_core.training.plan`); returns the recorded seed."""
     point.check_config(experiment)
     point.check_step(experiment, where.step_settings)
     if seed is not None and seed != point.seed:

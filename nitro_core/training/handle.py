@@ -26,10 +26,9 @@ from nitro_core.state import rng
 from nitro_core.store import listing, manifest
 from nitro_core.store.manifest import StopReason
 from nitro_core.training import build, ranking, refusals, setup, snapshot
-from nitro_core.training.budget import Budget, check_budget
 from nitro_core.training.evaluation import Evaluator
 from nitro_core.training.loop import StepHooks
-from nitro_core.training.options import check_options
+from nitro_core.training.plan import plan
 from nitro_core.training.points import Parts, Resumption, next_epoch, run_epoch
 from nitro_core.training.progress import Listener, Progress
 from nitro_core.training.restore import BestRestorer, load_weights, restore_full
@@ -82,19 +81,22 @@ class Nitro:
         max_steps: int | None = None,
         time_limit: float | None = None,
     ) -> None:
-        check_budget(max_steps, time_limit)
-        self.budget = Budget(max_steps, time_limit)
-        # the experiment; where the run lives, on which device, in which process group
+        # the experiment and where its run lives; the call's pre-flight, as the gate runs it
         self.experiment, self.checkpointer = experiment, build.check_experiment(experiment)
-        place = build.place(experiment, self.checkpointer, run_dir, device, strategy)
+        where, storage = build.location(experiment, self.checkpointer, run_dir)
+        self.plan = plan(
+            where, storage, resume=resume, weights=weights, restore_optimizer=restore_optimizer,
+            restore_best=restore_best, load_ema=load_ema, strict=strict, seed=seed,
+            device=device, max_steps=max_steps, time_limit=time_limit,
+        )  # fmt: skip
+        self.budget, self.options, entries = self.plan.budget, self.plan.options, self.plan.entries
+        # on which device, in which process group
+        place = build.place(experiment, where, storage, device, strategy)
         self.run_dir, self.dist, self.device, self.step_settings, self.storage = place
-        self.options = check_options(
-            resume, weights, restore_optimizer, restore_best, load_ema, strict
-        )
-        entries = listing.entries_of(self.run_dir, self.storage)
         setup.warn_partial_files(self.run_dir)
+        build.warn_nothing_to_resume(self.options.resume, self.plan.point, self.run_dir)
         # which record, if any, this handle continues: its seed and run id, or new ones
-        point = build.resume_point(self.options.resume, self.run_dir, entries, self.storage)
+        point = self.plan.fetched_point()
         self.seed, self.run_id, self.parent = build.name_run(point, seed, experiment, place)
         self.parent_diff = build.resume_lineage(point, experiment)
         self.checkpoint_source: Path | None = point.path if point else None

@@ -63,7 +63,9 @@ def resolve_device(device: str | torch.device) -> torch.device:
     else:
         text = ""
     if not _DEVICE.fullmatch(text):
-        raise ConfigError(f"device={device!r} is not a device; write 'auto', 'cpu' or 'cuda:0'.")
+        raise ConfigError(
+            f"device={_echo(device)} is not a device; write 'auto', 'cpu' or 'cuda:0'."
+        )
     if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(text)
@@ -78,6 +80,17 @@ def resolve_device(device: str | torch.device) -> torch.device:
             f"(cuda:0 to cuda:{count - 1}); write 'auto' or 'cuda:0'."
         )
     return dev
+
+
+def _echo(value: Any, limit: int = 80) -> str:
+    """A value as a refusal echoes it: its repr, cut to about ``limit`` characters (an
+    integer too long to write says how long it is)."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= limit else value[:limit] + "…")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 3 * limit:
+        return f"(an integer of about {int(value.bit_length() * 0.30103) + 1} digits)"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def build_splits(exp: Experiment) -> dict[str, Any]:
@@ -151,7 +164,7 @@ def check_seed(seed: Any) -> int:
         return 0
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ConfigError(
-            f"seed={seed!r} is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."
+            f"seed={_echo(seed)} is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."
         )
     return seed
 

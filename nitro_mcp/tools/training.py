@@ -24,11 +24,11 @@ from nitro_core.jobs.calls import arguments, train_arguments
 from nitro_core.jobs.manager import new_job_id
 from nitro_core.jobs.ranks import process_limit
 from nitro_core.sources.grammar import Average, Pair, to_source
-from nitro_core.store import listing, object_run
+from nitro_core.store import object_run
 from nitro_core.training.options import check_options
 from nitro_mcp import call_checks, following, models, observe, seed_groups
 from nitro_mcp.arguments import arguments_model, flag_text
-from nitro_mcp.echo import clip, clip_text
+from nitro_mcp.echo import clip
 from nitro_mcp.gate import Gate, Progress, next_step
 from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
 from nitro_mcp.record_fit import check_record_fits
@@ -213,7 +213,7 @@ def _checked_train(
 ) -> tuple[TrainCall, str | None, str]:
     """The call as checked (its paths resolved, its executor filled in), the job it queues
     behind (or None), and the sentence saying so (or nothing)."""
-    from nitro_core.training.resume import latest_point, resume_from_source  # lazy: torch
+    from nitro_core.training.plan import plan  # lazy: torch
 
     resume = flag_text(call.resume, "resume")
     restore_best = flag_text(call.restore_best, "restore_best")
@@ -226,7 +226,6 @@ def _checked_train(
     url = gate.storage_url(call.run_dir)  # an object-store run directory, under --storage
     where = gate.run_dir(call.run_dir, experiment) if url is None else object_run.staging(url)
     place = str(url) if url else str(where)  # the job's run_dir
-    opts = check_options(resume, weights, call.restore_optimizer, restore_best, False, call.strict)
     observe.check_logger_name(call.logger)  # tensorboard installed here
     call = call.model_copy(
         update={"run_dir": place, "resume": resume, "restore_best": restore_best}
@@ -235,15 +234,20 @@ def _checked_train(
     busy = call_checks.busy_job(gate.jobs, place)
     if busy is not None and not after_running:
         raise call_checks.refuse_busy(busy, args)
-    entries = listing.read_manifest(place)
-    point = None
-    if opts.resume == "auto" and entries:  # on object storage: its header, by ranged reads
-        point = latest_point(entries, where, url, fetch=False)
-    elif opts.resume is not None and opts.resume != "auto":
-        rooted = gate.rooted(opts.resume, where, "resume") if url is None else gate.rooted_at(
-            opts.resume, url, "resume")  # fmt: skip
-        point = resume_from_source(rooted, where, entries, url, fetch=False)
-        point.check_resumable()
+
+    def rooted(source: Any) -> Any:  # confined under the root, or under the storage
+        if url is None:
+            return gate.rooted(source, where, "resume")
+        return gate.rooted_at(source, url, "resume")
+
+    # the pre-flight the handle starts from too: options, seed, device, budget, the manifest
+    # and the resumed record's header (on object storage by ranged reads), nothing built
+    planned = plan(
+        where, url, resume=resume, weights=weights, restore_optimizer=call.restore_optimizer,
+        restore_best=restore_best, strict=call.strict, seed=call.seed, device=call.device,
+        max_steps=call.max_steps, time_limit=call.time_limit, rooted=rooted,
+    )  # fmt: skip
+    opts, point = planned.options, planned.point
     if point is None:
         exp = cls(**overrides)  # unknown or ill-typed fields raise ConfigError
     else:  # the recorded config, overrides changing Host fields only
@@ -262,8 +266,6 @@ def _checked_train(
         )
     if hooks.get("keep"):  # checkpointer()'s keep cannot hold the restore_best average
         raise ConfigError(*parts_from_json(hooks["keep"]))
-    _check_seed(call.seed)
-    _check_device(call.device)
     call = _with_executor(gate, call)
     if call.executor == "slurm":  # the cluster's nodes, not this machine, bound it
         slurm.check_submittable(call)
@@ -292,19 +294,7 @@ def _with_executor(gate: Gate, call: TrainCall) -> TrainCall:
 def _check_seed(seed: int | None) -> None:
     from nitro_core.training.setup import check_seed  # lazy: wiring imports torch
 
-    if isinstance(seed, int) and seed.bit_length() > 64:  # too long to echo whole, or to repr
-        raise ConfigError(
-            f"seed={clip(seed)} is not a seed; write an integer from 0 to 2**63 - 1, e.g. seed=0."
-        )
     check_seed(seed)
-
-
-def _check_device(device: str) -> None:
-    """'auto', 'cpu', 'cuda' or 'cuda:N' for a device this machine has, refused at the call
-    rather than by torch in the worker."""
-    from nitro_core.training.setup import resolve_device  # lazy: wiring imports torch
-
-    resolve_device(clip_text(device) if isinstance(device, str) else device)
 
 
 def _check_process_limit(nproc: int, device: str) -> None:
