@@ -119,8 +119,15 @@ class Gate:
         """What ``exp`` (``name``'s class; None: its defaults) answers to ``asks`` (of
         :data:`probe.ASKS`), from a child of the fork server: the server never runs the
         operator's code (DESIGN section 16). A thing it could not answer is None."""
+        # the modules that imported here (within the import time limit): one that hangs or
+        # fails registers nothing, so the child's names are the same without it
+        loaded = {m.module for m in self.registry.modules if m.error is None}
+        modules = [
+            job for written, job in zip(self._experiments.modules, self.modules, strict=True)
+            if written in loaded
+        ]  # fmt: skip
         question = Question(
-            modules=list(self.modules), experiment=name, asks=list(asks), keep_for=keep_for,
+            modules=modules, experiment=name, asks=list(asks), keep_for=keep_for,
             config=None if exp is None else config_of(exp), described=list(described),
         )  # fmt: skip
         return self.jobs.local.ask(question)

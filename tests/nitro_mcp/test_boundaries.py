@@ -183,3 +183,26 @@ def test_experiment_code_that_ends_its_process_never_ends_the_server(root):
     assert "killed by signal 11" in replies["Segfaults"][1]["error"]
     assert "SystemExit: the experiment's own exit" in replies["RaisesSystemExit"][1]["error"]
     assert not err and after["state"] == "succeeded" and after["metrics"] == _api_metrics(root)
+
+
+def test_a_question_imports_only_the_modules_that_imported_in_the_server(tmp_path):
+    """A module that failed (or hung past the time limit) in the server registers nothing,
+    so the process a question is asked in does not import it again (a hanging one would hold
+    the call for the question's whole bound)."""
+    (tmp_path / "fails.py").write_text(
+        "import os\nopen(f'imported-{os.getpid()}', 'w').close()\nraise RuntimeError('broken')\n"
+    )
+    (tmp_path / "fine.py").write_text(
+        "from nitro_core.examples import Regression\n\n\nclass Fine(Regression):\n    pass\n"
+    )
+
+    async def main():
+        server = build_server(tmp_path, experiment_modules=("fails.py", "fine.py"))
+        async with Client(server) as client:
+            return await client.call_tool("nitro_experiments", {"name": "Fine"})
+
+    listed = anyio.run(main)
+    assert not listed.is_error
+    assert listed.structured_content["experiments"][0]["splits"] == ["train", "val"]  # asked
+    markers = sorted(p.name for p in tmp_path.glob("imported-*"))
+    assert markers == [f"imported-{os.getpid()}"], markers  # the server's import alone
