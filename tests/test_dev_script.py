@@ -40,7 +40,7 @@ CI_SEQUENCE = [
     "ruff format --check .",
     "ruff check .",
     "mypy nitro_core nitro_mcp",
-    "python -m pytest -q",
+    "python -m pytest -q -n 2",
     "python -m pytest -q -m slow",
     "mkdocs build --strict --quiet",
 ]
