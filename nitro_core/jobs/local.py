@@ -70,6 +70,7 @@ class LocalExecutor:
         self._pump = pump
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self.warm = warm  # evaluations go to the warm worker when it is free
+        self._closed = False  # the server ended: no fork server is started again
         self._warm: subprocess.Popen[bytes] | None = None
         self._warm_job: str | None = None  # the job last handed to it
         self._warm_lock = threading.Lock()  # the server's threads hand jobs over one at a time
@@ -192,7 +193,8 @@ class LocalExecutor:
 
     def ask(self, question: Question, limit_s: float = ASK_LIMIT_S) -> dict[str, Any]:
         """The answer to a question about an experiment's code (:mod:`nitro_core.jobs.probe`),
-        asked in a child of the warm worker's fork server, else in a process of its own;
+        asked in a child of the fork server (also with ``warm=False``, which concerns jobs),
+        else (the server closed, or it cannot start) in a process of its own;
         empty when none came within ``limit_s`` (or the process died): the checks that
         needed it are left to the job. The server itself runs none of that code."""
         if self._probes is None:  # private to this server, outside the root: nothing left there
@@ -204,7 +206,9 @@ class LocalExecutor:
         Replace(asked).commit(lambda f: f.write(body))
         line = json.dumps({"question": str(asked), "answer": str(answered)})
         try:
-            process = self._send(line) if self.warm else None
+            # the fork server answers questions even where evaluations get a worker of their
+            # own (--no-warm-worker): a question is no job, and a process for each is 1.5 s
+            process = None if self._closed else self._send(line)
             if process is None:
                 process = subprocess.Popen(
                     [sys.executable, "-P", "-m", "nitro_core.jobs.probe", str(asked), str(answered)],
@@ -249,6 +253,7 @@ class LocalExecutor:
         """The server ends: the warm worker finishes the job in hand, then ends too."""
         with self._warm_lock:
             self.warm = False  # a pump still in flight starts workers of their own
+            self._closed = True
             if self._probes is not None:
                 shutil.rmtree(self._probes, ignore_errors=True)
             if self._warm is not None and self._warm.stdin is not None:
