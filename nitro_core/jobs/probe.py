@@ -52,16 +52,19 @@ def answer(question: Question) -> dict[str, Any]:
     out: dict[str, Any] = dict.fromkeys(question.asks)
     try:
         registry = load_registry(question.modules)
+    except BaseException:  # noqa: BLE001 - the operator's code: whatever it raises, no answer
+        return out
+    if question.described:  # each by its own defaults, whatever the others do
+        out["described"] = {name: _described(registry, name) for name in question.described}
+    try:
         cls = lookup(registry, question.experiment)
         exp = cls(**_from_json(cls, question.config)) if question.config is not None else cls()
-    except BaseException:  # noqa: BLE001 - the operator's code: whatever it raises, no answer
+    except BaseException:  # noqa: BLE001 - a config that does not build: no answer
         return out
     for ask in question.asks:
         out[ask] = _asked(ask, exp)
     if question.keep_for is not None:
         out["keep"] = _keep(exp, question.keep_for)
-    if question.described:
-        out["described"] = {name: _described(registry, name) for name in question.described}
     return out
 
 
