@@ -1,14 +1,20 @@
-"""Fixtures for the MCP tests: a server over a temporary root, and a finished training run
-in a shared root so most tests need not train."""
+"""Fixtures for the MCP tests: a server over a temporary root, a finished training run in a
+shared root so most tests need not train, and one local Slurm cluster for the session."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import anyio
 import pytest
 from mcp import Client
 
+from nitro_core.jobs import slurm_local
 from nitro_mcp.server import build_server
 
 FAST = {"max_epochs": 3, "samples": 256}
@@ -68,3 +74,53 @@ def trained_root(tmp_path_factory):
 
     status = anyio.run(train)
     return root, status
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """One two-node Slurm cluster on 127.0.0.1 with accounting (slurmdbd on a MariaDB of its
+    own) for the whole session, shared by test_slurm_accounting.py and test_slurm_executor.py
+    (the latter through :func:`without_accounting`): started once, on first use (about 10 s of
+    daemons and a database; Slurm installed first when root and missing, though CI's .ci/run
+    installs it before the tests), and every daemon it started gone at the end."""
+    started = slurm_local.up(2, tmp_path_factory.mktemp("slurm"), accounting=True)
+    pids = [d["pid"] for d in json.loads((started.directory / "daemons.json").read_text())]
+    yield started
+    assert sorted(slurm_local.down(started.directory)) == sorted(pids)
+    assert not any(_alive(pid) for pid in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def without_accounting(cluster: slurm_local.Cluster, where: Path) -> slurm_local.Cluster:
+    """The cluster as its clients see it when it keeps no accounting: a copy of its slurm.conf
+    in ``where`` whose accounting storage is ``none`` (the same daemons, ports and munge
+    socket). ``sacct`` and ``sacctmgr`` read that line from the client's slurm.conf and fail on
+    it as on a cluster without slurmdbd ("Slurm accounting storage is disabled"), so every
+    state comes through squeue/scontrol; sbatch, squeue, scontrol, scancel and sinfo talk to
+    slurmctld as before."""
+    where.mkdir(parents=True, exist_ok=True)
+    conf = re.sub(r"(?m)^AccountingStorage\w+=.*\n", "", cluster.conf.read_text())
+    (where / "slurm.conf").write_text(conf + "AccountingStorageType=accounting_storage/none\n")
+    return slurm_local.Cluster(where, cluster.nodes, cluster.partition, accounting=False)
+
+
+@contextmanager
+def exported(cluster: slurm_local.Cluster) -> Iterator[slurm_local.Cluster]:
+    """The cluster's ``SLURM_CONF`` in this process's environment (the server's executor and
+    the Slurm clients read it) while the block runs; the previous value after."""
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    try:
+        yield cluster
+    finally:
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before

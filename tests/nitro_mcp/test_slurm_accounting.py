@@ -1,9 +1,10 @@
 """The Slurm executor on a cluster that keeps accounting (``slurm_local.up(...,
-accounting=True)``: slurmdbd on a MariaDB of its own), so the scheduler's states come from
-``sacct``, and the status says so: a job followed from pending (its partition held down)
-through running to its end, and a worker killed on its node reported ``lost`` in sacct's
-words with its last record and the call that resumes it. The fallback through
-squeue/scontrol, on a cluster without slurmdbd, is tested in test_slurm_executor.py."""
+accounting=True)``: slurmdbd on a MariaDB of its own; the session's cluster of conftest.py),
+so the scheduler's states come from ``sacct``, and the status says so: a job followed from
+pending (its partition held down) through running to its end, and a worker killed on its node
+reported ``lost`` in sacct's words with its last record and the call that resumes it. The
+fallback through squeue/scontrol, on the same cluster as clients without accounting see it,
+is tested in test_slurm_executor.py."""
 
 from __future__ import annotations
 
@@ -18,35 +19,18 @@ import pytest
 from nitro_core import read_manifest
 from nitro_core.jobs import slurm_local
 from nitro_core.jobs.files import job_dir
-from tests.nitro_mcp.conftest import call
+from tests.nitro_mcp.conftest import call, exported
 from tests.nitro_mcp.test_slurm_executor import _server, _until, follow_through_the_queue
 
 pytestmark = pytest.mark.slow  # a real cluster with MariaDB and slurmdbd
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A two-node cluster with accounting (Slurm, slurmdbd and MariaDB installed first when
-    root and missing); every daemon it started is gone after the module."""
-    started = slurm_local.up(2, tmp_path_factory.mktemp("slurm-acct"), accounting=True)
-    pids = [d["pid"] for d in json.loads((started.directory / "daemons.json").read_text())]
-    before = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(started.conf)
-    yield started
-    assert sorted(slurm_local.down(started.directory)) == sorted(pids)
-    assert not any(_alive(pid) for pid in pids)
-    if before is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = before
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+def cluster(slurm_cluster):
+    """The session's two-node cluster with accounting (conftest.py: every daemon it started
+    is gone at the session's end), exported as ``SLURM_CONF`` for the module."""
+    with exported(slurm_cluster):
+        yield slurm_cluster
 
 
 def test_the_accounting_cluster_runs_slurmdbd_and_mariadb_of_its_own(cluster):

@@ -1,10 +1,11 @@
 """``nitro_train(..., executor="slurm")`` on a real Slurm cluster of two nodes on 127.0.0.1
-(:mod:`nitro_core.jobs.slurm_local`, started once for the module, stopped at its end):
-followed from queued to its end, stopped gracefully and by force, lost when cancelled from
-outside, resumed bit for bit, budgeted (steps and time), across two nodes, and refused when
-the cluster cannot take it. The cluster keeps no accounting (no slurmdbd), so every state
-here comes through the squeue/scontrol fallback, which the status names; the same job
-followed through sacct is in test_slurm_accounting.py."""
+(:mod:`nitro_core.jobs.slurm_local`, the session's cluster of conftest.py, started once and
+shared with test_slurm_accounting.py): followed from queued to its end, stopped gracefully and
+by force, lost when cancelled from outside, resumed bit for bit, budgeted (steps and time),
+across two nodes, and refused when the cluster cannot take it. Its clients here see a cluster
+that keeps no accounting (their slurm.conf says ``accounting_storage/none``, so sacct fails as
+it does without slurmdbd), so every state here comes through the squeue/scontrol fallback,
+which the status names; the same job followed through sacct is in test_slurm_accounting.py."""
 
 from __future__ import annotations
 
@@ -20,11 +21,10 @@ import torch
 from mcp import Client, StdioServerParameters
 
 from nitro_core import Nitro, read_manifest
-from nitro_core.jobs import slurm_local
 from nitro_core.jobs.files import job_dir
 from nitro_core.store import recordio as store
 from nitro_mcp.server import build_server
-from tests.nitro_mcp.conftest import call, wait_done
+from tests.nitro_mcp.conftest import call, exported, wait_done, without_accounting
 from tests.nitro_mcp.slow_experiment import SlowSteps
 
 pytestmark = pytest.mark.slow  # a real cluster: daemons, sbatch, srun
@@ -33,17 +33,11 @@ FAST = {"max_epochs": 3, "samples": 64}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A two-node cluster (Slurm installed first when root and missing)."""
-    started = slurm_local.up(2, tmp_path_factory.mktemp("slurm"))
-    before = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(started.conf)
-    yield started
-    slurm_local.down(started.directory)
-    if before is None:
-        os.environ.pop("SLURM_CONF", None)
-    else:
-        os.environ["SLURM_CONF"] = before
+def cluster(slurm_cluster, tmp_path_factory):
+    """The session's two-node cluster as its clients see a cluster without accounting
+    (conftest.without_accounting), exported as ``SLURM_CONF`` for the module."""
+    with exported(without_accounting(slurm_cluster, tmp_path_factory.mktemp("slurm"))) as view:
+        yield view
 
 
 def _server(root, **kw):
