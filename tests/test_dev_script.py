@@ -3,8 +3,10 @@
 The fast tests run the script against a stand-in environment (a `bin/python` that logs pip
 and pytest calls instead of running them, and logging `nitro`, `ruff`, `mypy`, `mkdocs`), so
 they check what it installs, when it skips the installs, that `./dev test` and `.ci/run`
-run exactly CI's sequence, and that every test run is given transformers 4.x
-(`NITRO_TRANSFORMERS_4`, installed once), so test_hf.py's check with it never skips in CI.
+run exactly CI's sequence, that `.ci/run` installs the Slurm cluster's system packages with
+apt (once, before the tests, when a program is missing; no test installs them), and that
+every test run is given transformers 4.x (`NITRO_TRANSFORMERS_4`, installed once), so
+test_hf.py's check with it never skips in CI.
 The slow test runs the real thing end to end in a copy of the working tree (tracked and
 untracked files, not the ignored ones: what a clone of this tree would hold, uncommitted
 changes included) with a fresh `.venv`, cut off from the network (`unshare -n`) where the
@@ -23,6 +25,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from nitro_core.jobs import slurm_local
 
 REPO = Path(__file__).resolve().parents[1]
 _LOGGING = '#!/usr/bin/env bash\necho "{name} $*" >> "{log}"\n'
@@ -46,6 +50,11 @@ CI_SEQUENCE = [
 ]
 
 
+SYSTEM_PACKAGES = [*slurm_local.PACKAGES, *slurm_local.ACCOUNTING_PACKAGES]
+SYSTEM_PROGRAMS = [*slurm_local.BINARIES, *slurm_local.ACCOUNTING_BINARIES]
+APT_INSTALL = "apt-get install -y --no-install-recommends " + " ".join(SYSTEM_PACKAGES)
+
+
 def _clean_env(**extra: str) -> dict[str, str]:
     """This environment without the test run's own virtual environment."""
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
@@ -56,8 +65,11 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture
 def standin(tmp_path):
-    """A copy of ./dev, .ci/run and pyproject.toml, and a stand-in environment that logs."""
+    """A copy of ./dev, .ci/run and pyproject.toml, a stand-in environment that logs, and on
+    PATH a logging apt-get and stand-ins for the Slurm cluster's programs (all there: .ci/run
+    installs nothing; ``run(..., path=...)`` gives another PATH)."""
     repo, venv, log = tmp_path / "repo", tmp_path / "venv", tmp_path / "calls.log"
+    system = tmp_path / "system"
     (repo / ".ci").mkdir(parents=True)
     for name in ("dev", "pyproject.toml", ".ci/run"):
         shutil.copy2(REPO / name, repo / name)
@@ -67,13 +79,19 @@ def standin(tmp_path):
     for name, text in scripts.items():
         (venv / "bin" / name).write_text(text)
         (venv / "bin" / name).chmod(0o755)
+    for name in ("apt-get", *SYSTEM_PROGRAMS):
+        (system / name).parent.mkdir(exist_ok=True)
+        (system / name).write_text(_LOGGING.format(name=name, log=log))
+        (system / name).chmod(0o755)
     log.touch()
 
-    def run(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    def run(
+        *args: str, path: str | None = None
+    ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
         before = len(log.read_text().splitlines())
-        done = subprocess.run(
-            args, cwd=repo, env=_clean_env(NITRO_VENV=str(venv)), capture_output=True, text=True
-        )
+        env = _clean_env(NITRO_VENV=str(venv))
+        env["PATH"] = path or os.pathsep.join([str(system), env["PATH"]])
+        done = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True)
         return done, log.read_text().splitlines()[before:]
 
     run.repo = repo  # type: ignore[attr-defined]
@@ -147,6 +165,36 @@ def test_dev_test_runs_what_ci_runs_and_ci_runs_dev_test(standin):
     site = f"{standin.venv}/transformers-4"  # both suites, both times, see transformers 4.x
     assert standin.transformers_4.read_text().splitlines() == [site] * 4
     assert (standin.venv / ".nitro-dev-transformers-4").read_text() == TRANSFORMERS_4 + "\n"
+
+
+def test_ci_installs_the_slurm_clusters_system_packages_before_the_tests(standin, tmp_path):
+    """A program of the cluster missing from PATH (here: all but apt-get, which logs): .ci/run
+    installs Debian's packages with apt first, as root, then runs ./dev test; no test does."""
+    system = tmp_path / "system"
+    for name in SYSTEM_PROGRAMS:
+        (system / name).unlink()
+    tools = tmp_path / "tools"  # what the scripts run besides those: no Slurm, wherever it is
+    tools.mkdir()
+    for name in ("bash", "cat", "dirname", "env", "id", "mkdir", "mv", "rm", "sed"):
+        (tools / name).symlink_to(shutil.which(name) or f"/bin/{name}")
+    standin("./dev", "test", "-q")  # the Python installs done: CI's own calls only
+    done, calls = standin("bash", ".ci/run", path=f"{system}{os.pathsep}{tools}")
+    if os.geteuid() != 0:
+        assert (done.returncode, calls) == (1, [])
+        assert f"ci: only root can; run: sudo apt-get install -y {' '.join(SYSTEM_PACKAGES)}" in (
+            done.stderr
+        )
+        return
+    assert done.returncode == 0, done.stderr
+    assert calls == [APT_INSTALL, *CI_SEQUENCE]
+    assert done.stderr.startswith(f"ci: installing {' '.join(SYSTEM_PACKAGES)} (")
+
+
+def test_ci_lists_the_packages_and_programs_that_slurm_local_installs_and_needs():
+    text = (REPO / ".ci" / "run").read_text()
+    lists = dict(re.findall(r"^(packages|programs)=\((.*)\)$", text, re.M))
+    assert lists["packages"].split() == SYSTEM_PACKAGES
+    assert lists["programs"].split() == SYSTEM_PROGRAMS
 
 
 def test_dev_test_passes_its_arguments_to_pytest_alone(standin):
