@@ -115,12 +115,22 @@ def _build(where, edit=None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=where, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.slow
-def test_mkdocs_strict_build_passes_and_fails_on_a_broken_link_or_a_missing_reference(tmp_path):
+@pytest.fixture(scope="session")
+def site(tmp_path_factory):
+    """The site as `mkdocs build --strict` writes it (site/), built once for the session and
+    shared by every test that reads it (the build must pass: the fixture asserts it)."""
     pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
-    done = _build(tmp_path / "ok")
+    where = tmp_path_factory.mktemp("site")
+    done = _build(where)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "ok" / "site" / "reference" / "training" / "index.html").exists()
+    return where / "site"
+
+
+@pytest.mark.slow  # three `mkdocs build --strict` in subprocesses (one of them the shared site)
+def test_mkdocs_strict_build_passes_and_fails_on_a_broken_link_or_a_missing_reference(
+    site, tmp_path
+):
+    assert (site / "reference" / "training" / "index.html").exists()  # built, strict, passed
 
     def broken_link(docs):
         (docs / "sources.md").write_text((docs / "sources.md").read_text() + "\n[x](nowhere.md)\n")
@@ -134,16 +144,6 @@ def test_mkdocs_strict_build_passes_and_fails_on_a_broken_link_or_a_missing_refe
 
     done = _build(tmp_path / "ref", missing_reference)
     assert done.returncode != 0 and "NoSuchName" in done.stderr
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """The site as `mkdocs build --strict` writes it (site/), built once for this module."""
-    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
-    where = tmp_path_factory.mktemp("site")
-    done = _build(where)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return where / "site"
 
 
 def _signatures(page) -> list[str]:
@@ -171,6 +171,7 @@ def _signatures(page) -> list[str]:
         ]),
     ],
 )  # fmt: skip
+@pytest.mark.slow  # reads the shared site: one build, in the slow suite's one process
 def test_the_reference_shows_the_constructor_a_user_types(site, page, name, parameters):
     """The class's heading carries its __init__ signature (merge_init_into_class), with
     every parameter's type and default, one a line when long."""
@@ -180,6 +181,7 @@ def test_the_reference_shows_the_constructor_a_user_types(site, page, name, para
     assert not [s for s in signatures if s.startswith("__init__(")]  # no separate __init__
 
 
+@pytest.mark.slow  # reads the shared site: one build, in the slow suite's one process
 def test_code_blocks_stay_inside_the_content_column(site):
     css = (site / "stylesheets" / "extra.css").read_text()
     assert re.search(r"\.md-typeset pre > code \{[^}]*overflow-x: auto", css, re.S)
