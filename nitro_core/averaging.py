@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from nitro_core.errors import CheckpointCorrupt, ConfigError, arg
-from nitro_core.sources.grammar import Average, Pair, to_source
-from nitro_core.sources.remote import resolve_at, weights_copies
-from nitro_core.sources.resolve import Resolved, resolve
+from nitro_core.sources.grammar import to_source
+from nitro_core.sources.lookup import resolve_at, weights_copies
+from nitro_core.sources.resolve import Resolved
 from nitro_core.state.loading import WEIGHTS
 from nitro_core.state.records import (
     FORMAT_VERSION,
@@ -41,14 +41,13 @@ from nitro_core.state.records import (
     state_dict_from,
     weights_tensors,
 )
-from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.claims import refuse_existing
 from nitro_core.store.manifest import ManifestEntry
-from nitro_core.store.object_run import refuse_taken, write_new
-from nitro_core.store.objects import is_url, parse
+from nitro_core.store.place import place
 from nitro_core.store.reader import RecordFile
 from nitro_core.store.record_header import Tensor
+from nitro_core.store.run import open_run
 
 
 # -- the streaming mean -----------------------------------------------------------------------------
@@ -331,32 +330,25 @@ def average_checkpoints(
     path, or an ``s3://`` object), also write the result as an ordinary record outside the
     manifest (retention never deletes it), refusing to overwrite an existing file."""
     src = to_source(source, "source")
-    if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
+    if src.averaged() is None:
         raise ConfigError(
             f"average_checkpoints needs an Average, got {str(src)!r}; write e.g. "
             "'latest => Average(Last(10))'."
         )
     if save is not None:
         refuse_new(save)
-    if is_url(run_dir):  # the picks' weights copied down (their ranges), then streamed
-        url = parse(str(run_dir))
-        with weights_copies(url, resolve_at(src, url, copy=False), WEIGHTS) as (here, private):
-            result = average(here, private, shown=str(url))
-    else:
-        run_dir = Path(run_dir)
-        result = average(resolve(src, run_dir, manifest.read_manifest(run_dir)), run_dir)
+    run = open_run(run_dir)  # on object storage: the picks' weights ranges, copied down
+    with weights_copies(run, resolve_at(src, run, copy=False), WEIGHTS) as (here, private):
+        result = average(here, private, shown=str(run))
     if save is not None:
-        write_new(save, "save=", lambda path: write_averaged(result, path))
+        place(save, "save").write_new("save=", lambda path: write_averaged(result, path))
     return result
 
 
 def refuse_new(save: str | Path) -> None:
     """Refuse ``save=`` (a path or an ``s3://`` object) before any record is read, when it
     exists or names no ``.safetensors`` file."""
-    if is_url(save):
-        refuse_taken(parse(str(save), "save"), "save=")
-    else:
-        refuse_existing(Path(save), "save=")
+    place(save, "save").refuse_taken("save=")
 
 
 def write_averaged(result: Averaged, path: Path, metrics: dict[str, float] | None = None) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path, PurePath
 
 from nitro_core.errors import CheckpointNotFound
 from nitro_core.policy.deletion import DeletionPlan, plan_deletion
-from nitro_core.store import deletion, object_run, objects
 from nitro_core.store.deletion import Removed, RemovedFile
 from nitro_core.store.manifest import Manifest, ManifestEntry
+from nitro_core.store.run import open_run
 
 
 @dataclass(frozen=True)
@@ -52,18 +52,14 @@ def delete_checkpoints(
     (no lock there: a run being trained there is not detected). ``dry_run=True`` (the default) only reports what
     would go; pass ``dry_run=False`` to free the space."""
     names = (files,) if isinstance(files, str) else None if files is None else tuple(files)
-    if objects.is_url(run_dir):  # the manifest object's conditional replace, then the objects
-        url = objects.parse(str(run_dir))
-        plan, removed = object_run.remove(url, partial(_decide, run, names, str(url)), dry_run)
-        return _deletion(url.shown(), plan, removed, dry_run)
-    where = Path(run_dir)
-    if not where.is_dir():
+    where = open_run(run_dir)
+    if not where.exists():
         raise CheckpointNotFound(
             f"Nothing to delete: {str(where)!r} is not a directory. Give a run directory, "
             "one that holds a manifest.json."
         )
-    plan, removed = deletion.remove(where, partial(_decide, run, names, str(where)), dry_run)
-    return _deletion(where, plan, removed, dry_run)
+    plan, removed = where.remove(partial(_decide, run, names, str(where)), dry_run)
+    return _deletion(where.shown, plan, removed, dry_run)
 
 
 def _deletion(where: PurePath, plan: DeletionPlan, removed: Removed, dry_run: bool) -> Deletion:

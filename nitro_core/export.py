@@ -11,14 +11,13 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from nitro_core.averaging import average
-from nitro_core.sources.grammar import Average, Pair, PathSource
-from nitro_core.sources.remote import copied, resolve_in, weights_copies
+from nitro_core.sources.grammar import to_source
+from nitro_core.sources.lookup import copied, home_of, resolve_at, run_of, weights_copies
 from nitro_core.state.loading import WEIGHTS, read
 from nitro_core.state.records import FORMAT_VERSION, framework_version, model_layout, to_host
 from nitro_core.store import recordio as store
-from nitro_core.store.claims import refuse_existing
-from nitro_core.store.object_run import refuse_taken, write_new
-from nitro_core.store.objects import ObjectPath, is_url, parse
+from nitro_core.store.objects import ObjectPath
+from nitro_core.store.place import place
 
 
 @runtime_checkable
@@ -42,10 +41,8 @@ def export_weights(
     ``model.load_state_dict(safetensors.torch.load_file(path))`` restores them. The header's
     ``nitro`` metadata holds the provenance: source file, ``averaged_from``, config, seed and
     framework version."""
-    if is_url(path):
-        refuse_taken(parse(str(path), "path"), "Export path")
-    else:
-        refuse_existing(Path(path), "Export path")
+    target = place(path, "path")
+    target.refuse_taken("Export path")
     state, provenance, _ = weights_of(nitro_or_source, run_dir, "export_weights")
     provenance.update(
         kind="weights", format_version=FORMAT_VERSION, framework_version=framework_version()
@@ -56,8 +53,7 @@ def export_weights(
         target.parent.mkdir(parents=True, exist_ok=True)
         store.write_record(target, tensors, provenance)
 
-    written = write_new(path, "Export path", write)
-    return parse(written, "path").shown() if is_url(written) else Path(written)
+    return target.write_new("Export path", write)
 
 
 def weights_of(
@@ -88,23 +84,16 @@ def weights_of(
 def _from_source(
     source: Any, run_dir: str | Path | None, call: str, target: str
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
-    src, resolved = resolve_in(
-        source,
-        run_dir,
-        call + "({src}, ...)",
-        call + "({src}, " + target + ", run_dir='runs/MyExp')",
-        copy=False,  # on object storage: the weights sections alone, fetched below
-    )
-    shown = _remote(src, run_dir)  # an object-store run directory's URL
-    home = parse(shown) if shown else None
-    local = resolved.path.parent if run_dir is None or shown else Path(run_dir)
+    src = to_source(source, "source")
+    run = run_of(src, run_dir, call + "({src}, ...)",
+                 call + "({src}, " + target + ", run_dir='runs/MyExp')")  # fmt: skip
+    home, _ = home_of(src, run)
+    # on object storage: the weights sections alone, fetched below
+    resolved = resolve_at(src, run, copy=False)
     averaged_from: dict[str, Any] | None
-    if isinstance(src, Pair) and isinstance(src.pick, Average):
-        if home is None:
-            result = average(resolved, local)
-        else:  # the picks' weights ranges, in copies removed after
-            with weights_copies(home, resolved, WEIGHTS) as (here, private):
-                result = average(here, private, shown=shown)
+    if src.averaged() is not None:  # the picks' weights, in copies removed after
+        with weights_copies(home, resolved, WEIGHTS) as (here, private):
+            result = average(here, private, shown=str(home))
         meta, state, averaged_from = result.meta, result.state, result.averaged_from
     else:
         record = read(copied(home, resolved, WEIGHTS), WEIGHTS)  # no optimizer bytes
@@ -113,7 +102,9 @@ def _from_source(
     return (
         state,
         {
-            "source_file": f"{shown}/{resolved.path.name}" if shown else str(resolved.path),
+            "source_file": str(
+                home.record(resolved.path.name) if home.holds(resolved.path) else resolved.path
+            ),
             "averaged_from": averaged_from,
             "experiment": meta.get("experiment"),
             "config": meta.get("config"),
@@ -124,13 +115,3 @@ def _from_source(
         },
         meta,
     )
-
-
-def _remote(src: Any, run_dir: str | Path | None) -> str | None:
-    """The URL of the object-store run directory a source is read from, or None (a disk):
-    a record named by its URL is read in its own run directory."""
-    if type(src) is PathSource and is_url(src.path):
-        return str(parse(src.path, "source").parent)
-    if run_dir is not None and is_url(run_dir):
-        return str(parse(str(run_dir)))
-    return None

@@ -18,41 +18,42 @@ from nitro_core.errors import CheckpointMissing
 from nitro_core.policy import retention
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.sources.grammar import parse_keep
-from nitro_core.store import manifest, object_run, objects, shards
+from nitro_core.store import manifest, shards
 from nitro_core.store.manifest import Manifest, ManifestEntry
 from nitro_core.store.reader import RecordFile
+from nitro_core.store.run import ObjectRun, Retention, RunStore
 
 
 def push(run_dir: str | Path, to: str) -> list[ManifestEntry]:
     """Copy the records ``run_dir`` lists to the object-store run directory ``to``; the
     entries committed there by this call (a record already there is not among them)."""
     source = Path(run_dir)
-    target = objects.parse(to, "to")
+    target = ObjectRun.at(to, "to")
     local = manifest.load(source)
     if not local.entries:
         raise CheckpointMissing(
             f"Nothing to push: {str(source)!r} holds no manifest, or one that lists no record. "
             "Give a run directory Nitro trained in, e.g. nitro push runs/Classifier s3://b/a."
         )
-    there = {(e.run, e.digest) for e in object_run.read_manifest(target)}
+    there = {(e.run, e.digest) for e in target.entries()}
     pushed: list[ManifestEntry] = []
     for entry in local.entries:
         if (entry.run, entry.digest) in there:
             continue
         path = source / entry.file
-        if object_run.is_directory(entry.file):  # a record directory (FSDP): every shard
+        if entry.is_directory:  # a record directory (FSDP): every shard
             shards.verify(path, entry.expected)
         else:
             with RecordFile(path, entry.expected) as record:
                 record.verify()  # no corrupted byte is copied
-        committed = object_run.publish(target, path, entry, _retention(entry), copy=True)
+        committed = target.copy(path, entry, _retention(entry))
         if committed is not None:
             pushed.append(committed)
     _points(target, local)
     return pushed
 
 
-def _retention(entry: ManifestEntry) -> object_run.Retention | None:
+def _retention(entry: ManifestEntry) -> Retention | None:
     """The retention the run of ``entry`` recorded (its ``keep``), or None (keep all)."""
     if not entry.keep:
         return None
@@ -60,7 +61,7 @@ def _retention(entry: ManifestEntry) -> object_run.Retention | None:
     return lambda entries: set(retention.plan(entries, ckpt, run, pair).delete)
 
 
-def _points(target: objects.ObjectUrl, local: Manifest) -> None:
+def _points(target: RunStore, local: Manifest) -> None:
     """Every run's points (written or not: Last and Best count them), merged in."""
 
     def change(state: Manifest) -> None:
@@ -71,4 +72,4 @@ def _points(target: objects.ObjectUrl, local: Manifest) -> None:
                     state.add_point(run, point)
 
     if local.points:
-        object_run.commit(target, change)
+        target.commit(change)

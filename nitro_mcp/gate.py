@@ -25,11 +25,12 @@ from nitro_core.jobs.call_models import SlurmOptions
 from nitro_core.jobs.files import TERMINAL, JobSpec
 from nitro_core.jobs.probe import Question
 from nitro_core.registry import Registry, lookup
-from nitro_core.sources import remote
+from nitro_core.sources import lookup as sources
 from nitro_core.sources.grammar import HFDirectory, PathSource, Source
 from nitro_core.sources.resolve import resolve
 from nitro_core.store import manifest, objects
 from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.run import LocalRun, ObjectRun, RunStore
 from nitro_mcp import following, models
 from nitro_mcp.arguments import coerce_overrides
 from nitro_mcp.echo import clip, clip_text
@@ -159,6 +160,12 @@ class Gate:
         default = f"runs/{experiment.rsplit('.', 1)[-1]}"
         return directory_inside_root(self.root, run_dir or default, "run_dir")
 
+    def run_store(self, run_dir: str | None, experiment: str) -> RunStore:
+        """A call's run directory: under the server's ``--storage`` when it names a URL,
+        else inside the root (default ``runs/<experiment>``)."""
+        url = self.storage_url(run_dir)
+        return ObjectRun(url) if url is not None else LocalRun(self.run_dir(run_dir, experiment))
+
     def storage_url(self, text: object, what: str = "run_dir") -> ObjectUrl | None:
         """The object-store URL ``text`` names, confined under the server's ``--storage``;
         None when ``text`` is not a URL (a path: checked against the root by the caller)."""
@@ -218,14 +225,14 @@ class Gate:
         url = self.storage_url(str(run_dir)) if isinstance(run_dir, str) else None
         if url is not None:
             rooted_at = self.rooted_at(source, url, keyword)
-            if isinstance(rooted_at, HFDirectory):  # a local directory: no record header
-                return remote.resolve_at(rooted_at, url, copy=False).path
-            return remote.header_at(rooted_at, url)[1]
+            if rooted_at.hf_directory() is not None:  # a local directory: no record header
+                return sources.resolve_at(rooted_at, ObjectRun(url), copy=False).path
+            return sources.header_at(rooted_at, ObjectRun(url))[1]
         run_dir = Path(run_dir)
         rooted = self.rooted(source, run_dir, keyword)
         record = self.storage_url(str(rooted), keyword) if isinstance(rooted, PathSource) else None
         if record is not None:  # a record of an object-store run directory, by its URL
-            return remote.header_at(rooted, record.parent)[1]
+            return sources.header_at(rooted, ObjectRun(record.parent))[1]
         return resolve(rooted, run_dir, manifest.read_manifest(run_dir)).path
 
     def named(self, record: Path | str) -> str:

@@ -478,7 +478,7 @@ def average_job(
         refuse_new,
         write_averaged,
     )
-    from nitro_core.store.object_run import write_new  # lazy: with averaging
+    from nitro_core.store.place import place  # lazy: with averaging
 
     saved = call.save  # a path, or an object-store URL
     if saved is not None:
@@ -498,7 +498,9 @@ def average_job(
             scratch.unlink(missing_ok=True)
         metrics = result["metrics"] if call.split == "val" else None  # the header's split
     if saved is not None:
-        write_new(saved, "save=", lambda path: write_averaged(averaged, path, metrics))
+        place(saved, "save").write_new(
+            "save=", lambda path: write_averaged(averaged, path, metrics)
+        )
     return result
 
 
@@ -555,8 +557,8 @@ def _shown_record(n: Any) -> str:
     """The record a handle loaded, as its run directory names it: on object storage its URL
     (the handle read a copy in the staging directory)."""
     source = n.checkpoint_source
-    if n.storage is not None and source is not None and source.parent == n.run_dir:
-        return f"{n.storage}/{source.name}"
+    if source is not None and n.store.holds(source):
+        return str(n.store.record(source.name))
     return str(source)
 
 
@@ -616,7 +618,7 @@ def _train(
 
     n.train(on_epoch=on_epoch, on_progress=_progress_writer(directory) if report else None)
     n.close()  # and the process group, when the handle made it
-    listed = read_manifest(str(n.storage) if n.storage is not None else n.run_dir)
+    listed = n.store.entries()
     kept = [e.model_dump() for e in listed if e.run == n.run_id]
     result = {
         "run_id": n.run_id,

@@ -43,7 +43,8 @@ was expected.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -136,6 +137,27 @@ class Pair:
     def __str__(self) -> str:
         return f"{self.run} => {self.pick}"
 
+    def needs_manifest(self) -> bool:
+        """Whether this source names records through a run directory's manifest: a pair."""
+        return True
+
+    def averaged(self) -> Average | None:
+        """The average this source names (``run => Average(...)``), if it names one."""
+        return self.pick if isinstance(self.pick, Average) else None
+
+    def record_path(self) -> str | None:
+        """The path or URL of the record this source names by it: none (a pair names
+        records by the manifest)."""
+        return None
+
+    def hf_directory(self) -> str | None:
+        """The Hugging Face directory this source names: none."""
+        return None
+
+    def rooted(self, root: Callable[[str], str]) -> Pair:
+        """This source with its path rewritten by ``root``: a pair has none."""
+        return self
+
 
 @dataclass(frozen=True)
 class PathSource:
@@ -147,6 +169,27 @@ class PathSource:
     def __str__(self) -> str:
         return self.path
 
+    def needs_manifest(self) -> bool:
+        """Whether this source names records through a run directory's manifest: a path
+        names its record (or directory) itself."""
+        return False
+
+    def averaged(self) -> Average | None:
+        """The average this source names: none (a path names one record)."""
+        return None
+
+    def record_path(self) -> str | None:
+        """The path (or URL) of the record this source names."""
+        return self.path
+
+    def hf_directory(self) -> str | None:
+        """The Hugging Face directory this source names: none (a record's path)."""
+        return None
+
+    def rooted(self, root: Callable[[str], str]) -> PathSource:
+        """This source with its path rewritten by ``root`` (confined under a root)."""
+        return replace(self, path=root(self.path))
+
 
 @dataclass(frozen=True)
 class HFDirectory(PathSource):
@@ -156,6 +199,12 @@ class HFDirectory(PathSource):
 
     def __str__(self) -> str:
         return HF_PREFIX + self.path
+
+    def record_path(self) -> str | None:
+        return None  # a directory of tensors by name, not a record
+
+    def hf_directory(self) -> str | None:
+        return self.path
 
 
 Source = Pair | PathSource

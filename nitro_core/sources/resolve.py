@@ -30,7 +30,7 @@ from nitro_core.sources.grammar import Average, HFDirectory, Pair, PathSource, S
 from nitro_core.store import manifest
 from nitro_core.store.atomic import TMP_SUFFIX
 from nitro_core.store.manifest import ManifestEntry, Point
-from nitro_core.store.objects import is_url
+from nitro_core.store.place import on_disk
 
 _PARTIAL = re.compile(r"\.tmp$|\.stale\d*$")  # what an interrupted write leaves behind
 
@@ -264,12 +264,11 @@ def resolve_hf(source: HFDirectory, run_dir: Path) -> Resolved:
     else relative to ``run_dir``; refused when it holds no safetensors weights."""
     from nitro_core.store import hf  # lazy: it imports torch
 
-    if is_url(source.path):
-        raise ConfigError(
-            f"{str(source)!r}: hf: takes a local Hugging Face model directory, not a URL. Copy "
-            "it down first (e.g. aws s3 cp --recursive), then write hf:<that directory>."
-        )
-    given = Path(source.path)
+    given = on_disk(
+        source.path,
+        f"{str(source)!r}: hf: takes a local Hugging Face model directory, not a URL. Copy "
+        "it down first (e.g. aws s3 cp --recursive), then write hf:<that directory>.",
+    )
     candidates = [given] if given.is_absolute() else [given, run_dir / given]
     directory = next((p for p in candidates if p.is_dir()), candidates[0])
     hf.weight_files(directory, str(source))  # refuses a directory without weights

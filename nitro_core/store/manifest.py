@@ -136,6 +136,12 @@ class ManifestEntry(BaseModel):
     def pair(self) -> tuple[str | None, Mode | None]:
         return (self.metric, self.mode)
 
+    @property
+    def is_directory(self) -> bool:
+        """Whether the record is a record directory (several processes wrote it: a
+        ``header.json`` and one shard per rank) rather than a record file."""
+        return not self.file.endswith(".safetensors")
+
 
 class Point(BaseModel):
     """One checkpoint point a run passed (an epoch end, or with ``every_steps`` a step inside

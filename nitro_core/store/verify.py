@@ -1,4 +1,6 @@
-"""Checking whole records: ``nitro verify PATH|DIR`` and the ``nitro_verify`` tool.
+"""Checking whole records, on a disk (:func:`verify_path`) and on object storage
+(:func:`verify_objects`): ``nitro verify PATH|DIR`` and the ``nitro_verify`` tool, through
+:mod:`nitro_core.verification` and :meth:`~nitro_core.store.place.Place.verify`.
 
 A reader verifies the sections it reads (averaging never reads the optimizer state); this
 reads every byte of every record it is given, so a corruption in a section no reader has
@@ -55,17 +57,11 @@ class Checked(BaseModel):
     problem: str | None = Field(default=None, description="What is wrong, when not ok.")
 
 
-def verify(path: str | Path) -> list[Checked]:
-    """Check every byte of the record ``path`` (a file or a record directory), or of every
-    record in the run directory ``path`` (listed ones against the manifest too), or of every
-    record in and below the directory ``path``; one :class:`Checked` per record, in manifest
-    order, unlisted ones after. Raises :class:`CheckpointMissing` when ``path`` holds no
-    record at all. ``path`` may be an object-store URL (``s3://bucket/prefix/run``, or a
-    record in it): every record its manifest lists, each copied down to a temporary
-    directory one at a time and checked there."""
-    if objects.is_url(path):
-        return _verify_objects(objects.parse(str(path), "path"))
-    given = Path(path)
+def verify_path(given: Path) -> list[Checked]:
+    """Check every byte of the record ``given`` (a file or a record directory), or of every
+    record in the run directory ``given`` (listed ones against the manifest too), or of every
+    record in and below the directory ``given``; one :class:`Checked` per record, in manifest
+    order, unlisted ones after. Raises :class:`CheckpointMissing` when it holds no record."""
     path = given.resolve() if given.is_symlink() else given  # a path the caller names: followed
     if _real_dir(path) and not _is_record_dir(path):
         checks = _tree(path)
@@ -89,7 +85,10 @@ def verify(path: str | Path) -> list[Checked]:
     return [_check(path, str(given), listed.get(path.name))]
 
 
-def _verify_objects(url: objects.ObjectUrl) -> list[Checked]:
+def verify_objects(url: objects.ObjectUrl) -> list[Checked]:
+    """Check every byte of the listed record ``url`` (``s3://bucket/prefix/run/<record>``),
+    or of every record the run directory ``url``'s manifest lists, each copied down to a
+    temporary directory one at a time and checked there."""
     if url.name.endswith(_SUFFIX):
         pairs = [(url, object_run.listed(url))]
     else:

@@ -22,12 +22,11 @@ from nitro_core.errors import CheckpointerFix, ConfigError, NitroWarning
 from nitro_core.experiment import Experiment, changed_fields, check_required_hooks, config_of
 from nitro_core.policy import ranked
 from nitro_core.policy.selectors import Checkpointer
-from nitro_core.sources.grammar import HF_PREFIX, Average, HFDirectory, Pair
+from nitro_core.sources.grammar import HF_PREFIX, Source
 from nitro_core.state import rng
 from nitro_core.state.anchor import W0Anchor
 from nitro_core.state.ema import EMA, EMATracker
-from nitro_core.store import object_run
-from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.run import RunStore
 from nitro_core.training import distributed, ranking, setup, sharding
 from nitro_core.training.checkpointing import OneFile, RecordWriter
 from nitro_core.training.distributed import Dist
@@ -41,11 +40,10 @@ from nitro_core.training.stopping import EarlyStopper, EarlyStopping, Plateau
 class Place(NamedTuple):
     """Where the run lives, on which device, in which process group, with which step."""
 
-    run_dir: Path  # on object storage: the staging directory (records go up from there)
+    store: RunStore  # its records are written in store.local (on object storage: staging)
     dist: Dist
     device: torch.device
     step_settings: StepSettings
-    storage: ObjectUrl | None = None  # the run directory on object storage, when it is one
 
 
 class Identity(NamedTuple):
@@ -102,27 +100,19 @@ def check_experiment(experiment: Experiment) -> Checkpointer | None:
 
 def location(
     experiment: Experiment, ckpt: Checkpointer | None, run_dir: str | Path | None
-) -> tuple[Path, ObjectUrl | None]:
-    """Where the run lives: its directory (on object storage, its staging directory) and
-    its object-store URL, if any."""
-    storage = setup.storage_of(run_dir, ckpt)
-    if storage is not None:
-        return object_run.staging(storage), storage
-    return setup.resolve_run_dir(run_dir, ckpt, type(experiment).__name__), None
+) -> RunStore:
+    """Where the run lives: its run directory, on a disk or on object storage."""
+    return setup.run_store(run_dir, ckpt, type(experiment).__name__)
 
 
 def place(
-    experiment: Experiment,
-    where: Path,
-    storage: ObjectUrl | None,
-    device: str | torch.device,
-    strategy: str,
+    experiment: Experiment, where: RunStore, device: str | torch.device, strategy: str
 ) -> Place:
     """Where the run lives (:func:`location`), on which device, in which process group."""
     chosen = setup.resolve_device(device)
     # "auto" and "cuda" leave the GPU to the rank (cuda:LOCAL_RANK); "cuda:1" pins it
     dist, on = distributed.join(strategy, chosen, requested=chosen.index is not None)
-    return Place(where, dist, on, step_settings(experiment, on), storage)
+    return Place(where, dist, on, step_settings(experiment, on))
 
 
 def warn_nothing_to_resume(resume: Any, point: ResumePoint | None, run_dir: Path) -> None:
@@ -151,7 +141,7 @@ def name_run(
         warnings.warn(
             f"Resuming {point.file!r} (epoch {point.meta['epoch']} of run "
             f"{point.meta.get('run')}), which is not its run's latest record in "
-            f"{str(where.run_dir)!r}: this branches into a new run {run_id} with parent "
+            f"{str(where.store)!r}: this branches into a new run {run_id} with parent "
             f"{parent}; the original run's later epochs stay untouched.",
             NitroWarning,
             stacklevel=3,
@@ -332,16 +322,20 @@ def weights_lineage(
 
 
 def weights_parent(
-    source: Any, loaded: Path | None, run: str | None, averaged_from: dict[str, Any] | None
+    source: Source | None,
+    loaded: Path | None,
+    run: str | None,
+    averaged_from: dict[str, Any] | None,
 ) -> str | None:
     """What a run started with ``weights=`` branched from, for its entries' ``parent``:
     '<run>/<file>' of the record loaded (``run``: the one its header names), or
     '<run> => Average(...)' for an average."""
-    if isinstance(source, Pair) and isinstance(source.pick, Average) and averaged_from:
-        return f"{averaged_from['run']} => {source.pick}"
-    if loaded is None:
+    averaged = source.averaged() if source is not None else None
+    if averaged is not None and averaged_from:
+        return f"{averaged_from['run']} => {averaged}"
+    if loaded is None or source is None:
         return None
-    if isinstance(source, HFDirectory):  # no record header: the directory it came from
+    if source.hf_directory() is not None:  # no record header: the directory it came from
         return f"{HF_PREFIX}{loaded}"
     return f"{run or '?'}/{loaded.name}"
 
@@ -361,8 +355,8 @@ def record_writer(
         return None
     dist = where.dist
     fmt = (
-        RecordDirectory(dist, ckpt.async_write, where.storage, run_id)
+        RecordDirectory(dist, ckpt.async_write, where.store, run_id)
         if dist.strategy == "fsdp"
         else OneFile(ckpt.async_write)
     )
-    return RecordWriter(where.run_dir, ckpt, run_id, pair, parent, dist, fmt, where.storage, since)
+    return RecordWriter(where.store, ckpt, run_id, pair, parent, dist, fmt, since)

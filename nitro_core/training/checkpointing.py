@@ -39,10 +39,10 @@ from nitro_core.policy.retention import Pair
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.state import records
 from nitro_core.state.hostcopy import HostCopier
-from nitro_core.store import digest, listing, manifest, object_run
+from nitro_core.store import digest, manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry, StopReason
-from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.run import RunStore, point_of
 from nitro_core.training.distributed import Dist
 
 log = logging.getLogger(__name__)
@@ -123,24 +123,24 @@ class RecordWriter:
 
     def __init__(
         self,
-        directory: Path,
+        store: RunStore,
         ckpt: Checkpointer,
         run: str,
         pair: Pair,
         parent: str | None,
         dist: Dist,
         format: RecordFormat,
-        storage: ObjectUrl | None = None,
         since: int = 0,
     ) -> None:
-        self.directory, self.ckpt, self.run, self.pair = directory, ckpt, run, pair
+        # records are written in ``store.local`` (on object storage its staging directory),
+        # then published to the run directory (store.run)
+        self.store, self.directory = store, store.local
+        self.ckpt, self.run, self.pair = ckpt, run, pair
         self.parent, self.dist, self.format = parent, dist, format
-        # on object storage: records are written in ``directory`` (staging), then uploaded
-        # and committed by the manifest object's conditional replace (store.object_run)
-        self.storage = storage
         # the step this writer's timeline of the run starts at (a resumed record's, or 0),
-        # and the files it listed: on object storage, an entry of this run past ``since``
-        # that this writer did not list belongs to the timeline the resume replaced
+        # and the files it listed: an entry of this run past ``since`` that this writer did
+        # not list belongs to the timeline the resume replaced (object storage: a killed
+        # writer's commit that reached the store late; a disk never lists one)
         self.since, self._listed = since, set[str]()
         self._listing: str | None = None  # the digest of the record being listed
         self._thread: ThreadPoolExecutor | None = None
@@ -211,7 +211,7 @@ class RecordWriter:
         """Rank 0: the claimed name of a record some selector keeps, or None (the point is
         then only added to the run's history, in the background under ``async_write``)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        entries = listing.entries_of(self.directory, self.storage)
+        entries = self.store.entries()
         if not retention.would_keep(entries, entry, self.ckpt, self.run, self.pair):
             log.debug("%s not written: no selector of %s keeps it", where, self.ckpt)
             added = self._submit(lambda: self._add_point(entry))
@@ -220,10 +220,8 @@ class RecordWriter:
             else:
                 added.result()
             return None
-        if self.storage is not None:  # the names listed as just read: a name a commit
-            return self._claim(entry.file, entries)  # takes meanwhile, the upload moves past
-        with store.manifest_lock(self.directory):
-            return self._claim(entry.file, manifest.read_manifest(self.directory))
+        with self.store.lock():  # a name a commit takes meanwhile: the upload moves past it
+            return self._claim(entry.file, self.store.entries())
 
     def _claim(self, name: str, entries: list[ManifestEntry]) -> Claim:
         """Claim ``name``, or ``name`` with ``-run-<id>`` inserted when another run listed it
@@ -232,34 +230,21 @@ class RecordWriter:
         suffix = self.format.suffix
         stem = name.removesuffix(suffix) if suffix else name
         candidates = [name, f"{stem}-run-{self.run}{suffix}"]
-        if self.storage is not None:  # killed uploads leave objects under names: more of them
-            candidates += [f"{stem}-run-{self.run}-{k}{suffix}" for k in range(1, 8)]
+        candidates += [
+            f"{stem}-run-{self.run}-{k}{suffix}" for k in range(1, self.store.spare_names + 1)
+        ]
         for candidate in candidates:
             if candidate in listed:
                 continue
             claim = self.format.claim(self.directory / candidate)
             if claim is not None:
                 return claim
-        if self.storage is not None:
-            raise TrainingRefused(
-                f"Run {self.run} cannot write {name!r} in {str(self.storage)!r}: objects lie "
-                f"under each of the {len(candidates)} names tried (leftovers of killed writes, "
-                "which no manifest lists). Delete the objects the manifest does not list "
-                f"(nitro verify {self.storage} names them), then continue with resume='auto'."
-            )
-        raise TrainingRefused(
-            f"Run {self.run} cannot write {name!r} in {str(self.directory)!r}: "
-            + self.format.taken.format(run=self.run)
-        )
+        raise self.store.no_name(self.run, name, len(candidates), self.format.taken)
 
     # -- the commit (rank 0; on the writer's thread under async_write) ------------------------
     def _add_point(self, entry: ManifestEntry) -> None:
         """Record a point no selector keeps: it still counts for Last/Best."""
-        if self.storage is not None:
-            object_run.commit(self.storage, lambda state: state.add_point(self.run, _point(entry)))
-            return
-        with store.manifest_lock(self.directory):
-            manifest.commit(self.directory, points=[(self.run, _point(entry))])
+        self.store.add_point(self.run, point_of(entry))
 
     def _commit(
         self, claim: Claim, entry: ManifestEntry, written: Written | None
@@ -270,28 +255,20 @@ class RecordWriter:
         entry = entry.model_copy(
             update={"bytes": size, "digest": tree, "written": manifest.now_iso()}
         )
-        if self.storage is not None:
-            return self._publish(claim, entry)
+        self._listing = entry.digest
         try:
-            with store.manifest_lock(self.directory):
-                current = manifest.load(self.directory)
-                current.entries.append(entry)
-                plan = retention.plan(current.entries, self.ckpt, self.run, self.pair)
-                doomed = set(plan.delete)
-                manifest.commit(
-                    self.directory, add=[entry], drop=doomed, points=[(self.run, _point(entry))]
-                )
-                # deleted under the lock: once unlisted, a name may be claimed by another writer
-                for file in plan.delete:
-                    store.remove_file(self.directory / file)
+            listed = self.store.publish(
+                self.directory / entry.file, entry, self._retention, sent=self.format.every_rank
+            )
         finally:
             claim.release()
-        return None if entry.file in doomed else entry
+        if listed is not None:
+            self._listed.add(listed.file)
+        return listed
 
     def _retention(self, entries: list[ManifestEntry]) -> set[str]:
-        """The files an object-storage commit unlists once ``entries`` are listed: records
-        of the timeline a resume replaced, then what retention drops (this run's, by its
-        keep) of the rest."""
+        """The files a commit unlists once ``entries`` are listed: records of the timeline a
+        resume replaced, then what retention drops (this run's, by its keep) of the rest."""
         replaced = self._replaced(entries)
         kept = [e for e in entries if e.file not in replaced]
         return replaced | set(retention.plan(kept, self.ckpt, self.run, self.pair).delete)
@@ -313,29 +290,9 @@ class RecordWriter:
                 "%s: unlisting %s, written by a killed process of run %s past step %d where "
                 "this resume continued it (its commit reached the store after the resume "
                 "read the manifest); this run's own record of that point is listed instead",
-                self.storage, sorted(replaced), self.run, self.since,
+                self.store, sorted(replaced), self.run, self.since,
             )  # fmt: skip
         return replaced
-
-    def _publish(self, claim: Claim, entry: ManifestEntry) -> ManifestEntry | None:
-        """Object storage: upload the record written in the staging directory under a name
-        no object has, commit its entry (retention re-decided on a lost race), delete what
-        retention unlisted; the staging copy is removed either way."""
-        assert self.storage is not None
-        local = self.directory / entry.file
-        self._listing = entry.digest
-        try:
-            if self.format.every_rank:  # a record directory: every object sent already
-                listed = object_run.list_entry(self.storage, entry, self._retention)
-            else:
-                listed = object_run.publish(self.storage, local, entry, self._retention)
-            if listed is not None:
-                self._listed.add(listed.file)
-            return listed
-        finally:
-            claim.release()
-            if not self.format.every_rank:
-                store.remove_file(local)
 
     def _submit(self, job: Callable[[], T]) -> Future[T]:
         """Run ``job`` here (synchronous writes) or on the writer thread."""
@@ -399,8 +356,8 @@ class RecordWriter:
         instead of raised."""
         try:
             self._settle("The end of train()")
-            if self.dist.main and self.storage is None:
-                manifest.compact(self.directory)  # manifest.json alone lists every record again
+            if self.dist.main:
+                self.store.compact()  # manifest.json alone lists every record again
         except Exception:
             if raise_error:
                 raise
@@ -410,13 +367,6 @@ class RecordWriter:
                 self._thread.shutdown(wait=True)
                 self._thread = None
             self.format.close()
-
-
-def _point(entry: ManifestEntry) -> manifest.Point:
-    return manifest.Point(
-        epoch=entry.epoch, batch=entry.batch, step=entry.step, score=entry.score,
-        metric=entry.metric, mode=entry.mode,
-    )  # fmt: skip
 
 
 # -- one record file, written by rank 0 -------------------------------------------------------

@@ -23,7 +23,7 @@ from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from nitro_core.errors import NitroWarning
 from nitro_core.experiment import Experiment, config_of
-from nitro_core.sources.remote import header_in
+from nitro_core.sources.lookup import header_in
 
 E = TypeVar("E", bound=Experiment)
 

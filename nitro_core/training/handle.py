@@ -23,7 +23,7 @@ import torch
 
 from nitro_core.experiment import Experiment
 from nitro_core.state import rng
-from nitro_core.store import listing, manifest
+from nitro_core.store import manifest
 from nitro_core.store.manifest import StopReason
 from nitro_core.training import build, ranking, refusals, setup, snapshot
 from nitro_core.training.evaluation import Evaluator
@@ -83,16 +83,17 @@ class Nitro:
     ) -> None:
         # the experiment and where its run lives; the call's pre-flight, as the gate runs it
         self.experiment, self.checkpointer = experiment, build.check_experiment(experiment)
-        where, storage = build.location(experiment, self.checkpointer, run_dir)
+        where = build.location(experiment, self.checkpointer, run_dir)
         self.plan = plan(
-            where, storage, resume=resume, weights=weights, restore_optimizer=restore_optimizer,
+            where, resume=resume, weights=weights, restore_optimizer=restore_optimizer,
             restore_best=restore_best, load_ema=load_ema, strict=strict, seed=seed,
             device=device, max_steps=max_steps, time_limit=time_limit,
         )  # fmt: skip
         self.budget, self.options, entries = self.plan.budget, self.plan.options, self.plan.entries
         # on which device, in which process group
-        place = build.place(experiment, where, storage, device, strategy)
-        self.run_dir, self.dist, self.device, self.step_settings, self.storage = place
+        place = build.place(experiment, where, device, strategy)
+        self.store, self.dist, self.device, self.step_settings = place
+        self.run_dir = self.store.local  # its records and logs, as this process reads them
         setup.warn_partial_files(self.run_dir)
         build.warn_nothing_to_resume(self.options.resume, self.plan.point, self.run_dir)
         # which record, if any, this handle continues: its seed and run id, or new ones
@@ -200,7 +201,7 @@ class Nitro:
                 refusals.refuse_held(self.run_dir, self.run_id)
             if self.dist.main:
                 refusals.refuse_stale_point(
-                    listing.entries_of(self.run_dir, self.storage),
+                    self.store.entries(),
                     self.run_dir, self.run_id, self.step, self.epoch,
                 )  # fmt: skip
             refusals.refuse_spent_budget(self.budget, self.run_dir, self.run_id, self.step)
@@ -282,7 +283,7 @@ class Nitro:
 
     def __repr__(self) -> str:
         return (
-            f"Nitro({type(self.experiment).__name__}, run_dir={str(self.storage or self.run_dir)!r}, "
+            f"Nitro({type(self.experiment).__name__}, run_dir={str(self.store)!r}, "
             f"run_id={self.run_id!r}, epoch={self.epoch}, step={self.step})"
         )
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nitro_core.errors import ConfigError, Redo, Worded, arg
-from nitro_core.sources.grammar import Average, Pair, Source, parse_average, to_source
+from nitro_core.sources.grammar import Average, Source, parse_average, to_source
 
 _RESTORE_OPTIMIZER, _LOAD_EMA, _LOOSE = (
     arg("restore_optimizer", True), arg("load_ema", True), arg("strict", False)
@@ -54,7 +54,7 @@ def check_options(
     else:
         res = to_source(resume, "resume")
     src = None if weights is None else to_source(weights, "weights")
-    averaged = isinstance(src, Pair) and isinstance(src.pick, Average)
+    averaged = src is not None and src.averaged() is not None
     if res is not None and src is not None:
         raise ConfigError(
             "Give resume= to continue a run exactly, or weights= to start a new run from a "

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from nitro_core.sources.grammar import Source
-from nitro_core.store import listing, object_run
 from nitro_core.store.manifest import ManifestEntry
-from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.run import RunStore, open_run
 from nitro_core.training.budget import Budget, check_budget
 from nitro_core.training.options import LoadOptions, check_options
 from nitro_core.training.resume import ResumePoint, latest_point, resume_from_source
@@ -35,28 +34,25 @@ class Plan:
     fetched) and its budget."""
 
     options: LoadOptions
-    run_dir: Path  # the run directory, or on object storage its staging directory
-    storage: ObjectUrl | None
+    store: RunStore  # where the run lives
     entries: list[ManifestEntry]
     point: ResumePoint | None
     budget: Budget
     seed: int | None  # as asked (a resume takes its record's)
 
     def fetched_point(self) -> ResumePoint | None:
-        """The resume point with its record readable here: on object storage, the listed
-        record copied down into the staging directory (checked against the manifest)."""
+        """The resume point with its record readable here (:meth:`RunStore.fetch`: on
+        object storage, the listed record copied down, checked against the manifest)."""
         point = self.point
-        if point is None or self.storage is None or point.entry is None or point.path.exists():
+        if point is None or point.entry is None or point.path.exists():
             return point
-        if point.path.parent != self.run_dir:  # another run directory's record: read already
+        if not self.store.holds(point.path):  # another run directory's record: read already
             return point
-        path = object_run.fetch_entry(self.storage, point.entry, self.run_dir)
-        return replace(point, path=path)
+        return replace(point, path=self.store.fetch(point.entry))
 
 
 def plan(
-    run_dir: Path,
-    storage: ObjectUrl | None = None,
+    where: RunStore | str | Path,
     *,
     resume: Any = False,
     weights: Any = None,
@@ -70,19 +66,19 @@ def plan(
     time_limit: float | None = None,
     rooted: Callable[[Source], Source] = lambda source: source,
 ) -> Plan:
-    """Check a training call from its values, manifest and headers (``run_dir`` local, or
-    the staging directory of ``storage``); ``rooted`` rewrites the resume source as its
+    """Check a training call from its values, manifest and headers; ``rooted`` rewrites the resume source as its
     caller confines sources (the gate: under the server's root). Raises the refusal."""
     check_budget(max_steps, time_limit)
     options = check_options(resume, weights, restore_optimizer, restore_best, load_ema, strict)
     check_seed(seed)
     resolve_device(device)
-    entries = listing.entries_of(run_dir, storage)
+    store = open_run(where)
+    entries = store.entries()
     point = None
     if options.resume == "auto":
-        point = latest_point(entries, run_dir, storage, fetch=False) if entries else None
+        point = latest_point(entries, store, fetch=False) if entries else None
     elif options.resume is not None:
-        point = resume_from_source(rooted(options.resume), run_dir, entries, storage, fetch=False)
+        point = resume_from_source(rooted(options.resume), store, entries, fetch=False)
     if point is not None:
         point.check_resumable()
-    return Plan(options, run_dir, storage, entries, point, Budget(max_steps, time_limit), seed)
+    return Plan(options, store, entries, point, Budget(max_steps, time_limit), seed)

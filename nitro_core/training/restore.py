@@ -27,8 +27,8 @@ from nitro_core.errors import (
 )
 from nitro_core.experiment import Experiment, config_diff
 from nitro_core.policy.selectors import Checkpointer
-from nitro_core.sources import remote
-from nitro_core.sources.grammar import Average, HFDirectory, Pair, PathSource, RunRef, Source
+from nitro_core.sources import lookup
+from nitro_core.sources.grammar import Average, Pair, RunRef, Source
 from nitro_core.sources.resolve import Resolved, pick_best, resolve
 from nitro_core.sources.selection import check_keep_holds
 from nitro_core.state import ranks, records, rng
@@ -41,16 +41,16 @@ from nitro_core.state.loading import (
     read,
     tie_aliases,
 )
-from nitro_core.store import listing, manifest, objects, shards
-from nitro_core.store.manifest import ManifestEntry, Point
-from nitro_core.store.objects import ObjectUrl
+from nitro_core.store import manifest, shards
+from nitro_core.store.manifest import ManifestEntry
+from nitro_core.store.run import RunStore
 from nitro_core.training import fsdp_state, position
 from nitro_core.training.distributed import Dist
 from nitro_core.training.loggers import Logger, check_resume_backend
 from nitro_core.training.options import LoadOptions
 from nitro_core.training.position import Position
 from nitro_core.training.ranking import Ranking
-from nitro_core.training.resume import ResumePoint, on_store
+from nitro_core.training.resume import ResumePoint
 from nitro_core.training.step import Stepper
 from nitro_core.training.stopping import EarlyStopper
 
@@ -61,8 +61,8 @@ class Restorable(Protocol):
     experiment: Experiment
     checkpointer: Checkpointer | None
     options: LoadOptions
-    run_dir: Path
-    storage: ObjectUrl | None  # the run directory on object storage (run_dir: its staging)
+    store: RunStore  # where the run lives
+    run_dir: Path  # its records as read here (store.local)
     run_id: str
     seed: int
     dist: Dist
@@ -197,18 +197,15 @@ def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
     ``restore_optimizer``: of all of it)."""
     opts = n.options
     name = type(n.experiment).__name__
-    if isinstance(source, Pair) and isinstance(source.pick, Average):
+    if source.averaged() is not None:
         return load_average(n, source, entries)
-    home = n.storage
-    if isinstance(source, PathSource) and on_store(source, n.storage):  # a record on S3
-        if objects.is_url(source.path):
-            home = objects.parse(source.path, "weights").parent
-        assert home is not None
-        resolved = remote.resolve_at(source, home, copy=False)
+    home, named = lookup.home_of(source, n.store)
+    if home != n.store or lookup.named_entry(named, home) is not None:  # listed by name
+        resolved = lookup.resolve_at(source, home, copy=False)
     else:
-        resolved = resolve(source, n.run_dir, entries, n.ranking.pair, shown=shown_dir(n))
+        resolved = resolve(source, n.run_dir, entries, n.ranking.pair, shown=str(n.store))
     sections = None if opts.restore_optimizer else WEIGHTS  # optimizer bytes: unread
-    rec = read(remote.copied(home, resolved, sections), sections)
+    rec = read(lookup.copied(home, resolved, sections), sections)
     warn_config_changed(rec.meta, n, str(resolved.path))
     state = rec.ema_state() if opts.load_ema else rec.model_state()
     if state is None:
@@ -217,7 +214,7 @@ def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
             f", but {str(resolved.path)!r} keeps no EMA (its experiment's ema() returned "
             "None). Drop load_ema to load its parameters.",
         )
-    if isinstance(source, HFDirectory):  # tied aliases are saved once: tie them back
+    if source.hf_directory() is not None:  # tied aliases are saved once: tie them back
         state = tie_aliases(n.model, state)
     load_model_state(
         n.model, fsdp_state.placed(n.model, state), opts.strict, str(resolved.path), name
@@ -273,27 +270,19 @@ def _recorded_config(meta: dict[str, Any]) -> dict[str, Any] | None:
 def average_of(n: Restorable, resolved: Resolved, load_ema: bool = False) -> Averaged:
     """The average ``resolved`` names: read in the run directory, or on object storage from
     copies of the picks' weights alone (never their optimizer state), removed after."""
-    if n.storage is None:
-        return average(resolved, n.run_dir, load_ema=load_ema)
-    with remote.weights_copies(n.storage, resolved, WEIGHTS) as (here, private):
-        return average(here, private, load_ema=load_ema, shown=str(n.storage))
+    with lookup.weights_copies(n.store, resolved, WEIGHTS) as (here, private):
+        return average(here, private, load_ema=load_ema, shown=str(n.store))
 
 
 def shown_dir(n: Restorable) -> str:
-    """The run directory as a message names it: on object storage its URL (``n.run_dir``
-    is then its staging directory)."""
-    return str(n.storage) if n.storage is not None else str(n.run_dir)
-
-
-def points_of(n: Restorable) -> dict[str, list[Point]] | None:
-    """The runs' points an ``Average`` counts: the object store's manifest's for a run
-    directory there, else None (the resolver reads the disk's)."""
-    return None if n.storage is None else listing.read_points(str(n.storage))
+    """The run directory as a message names it (on object storage its URL)."""
+    return str(n.store)
 
 
 def load_average(n: Restorable, source: Source, entries: list[ManifestEntry]) -> LoadedWeights:
     """``weights=... => Average(...)``: load the average into a new run."""
-    resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points_of(n), shown_dir(n))
+    points = n.store.points()
+    resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points, shown_dir(n))
     result = average_of(n, resolved, load_ema=n.options.load_ema)
     warn_config_changed(result.meta, n, repr(str(source)))
     state = result.ema if n.options.load_ema else result.state
@@ -310,7 +299,9 @@ def restore_average(n: Restorable, avg: Average, entries: list[ManifestEntry]) -
     """``restore_best=Average(...)``: end training holding the run's own average."""
     source = Pair(RunRef("id", n.run_id), avg)
     try:
-        resolved = resolve(source, n.run_dir, entries, n.ranking.pair, points_of(n), shown_dir(n))
+        resolved = resolve(
+            source, n.run_dir, entries, n.ranking.pair, n.store.points(), shown_dir(n)
+        )
     except CheckpointNotFound as exc:
         warnings.warn(
             f"restore_best={avg}: run {n.run_id} ended before it held enough checkpoints "
@@ -355,7 +346,7 @@ class BestRestorer:
         if self.spec is False or self.holding is not None:
             return
         n = self.n
-        entries = listing.entries_of(n.run_dir, n.storage)
+        entries = n.store.entries()
         own = manifest.run_entries(entries, n.run_id)
         if isinstance(self.spec, Average):
             self.holding = restore_average(n, self.spec, entries)
@@ -372,7 +363,7 @@ class BestRestorer:
         source = Pair(RunRef("id", n.run_id), "best")
         best = pick_best(source, own, n.ranking.pair, shown_dir(n))
         resolved = Resolved(source, n.run_dir / best.file, best)
-        rec = read(remote.copied(n.storage, resolved, WEIGHTS), WEIGHTS)
+        rec = read(lookup.copied(n.store, resolved, WEIGHTS), WEIGHTS)
         n.model.load_state_dict(fsdp_state.placed(n.model, rec.model_state()))
         ema_state = rec.ema_state()
         if n.ema is not None and ema_state is not None:

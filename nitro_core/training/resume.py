@@ -21,14 +21,14 @@ from nitro_core.errors import (
     ResumeRefused,
 )
 from nitro_core.experiment import Experiment, config_diff
-from nitro_core.sources import remote
-from nitro_core.sources.grammar import Average, HFDirectory, Pair, PathSource, Source
+from nitro_core.sources import lookup
+from nitro_core.sources.grammar import Source
 from nitro_core.sources.resolve import resolve
 from nitro_core.state.records import Record
-from nitro_core.store import manifest, object_run, objects
+from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry
-from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.run import RunStore
 from nitro_core.training.step import StepSettings, step_diff
 
 
@@ -139,37 +139,31 @@ class ResumePoint:
 
 
 def resume_from_source(
-    source: Source,
-    run_dir: Path,
-    entries: list[ManifestEntry],
-    storage: ObjectUrl | None = None,
-    fetch: bool = True,
+    source: Source, run: RunStore, entries: list[ManifestEntry], fetch: bool = True
 ) -> ResumePoint:
     """The resume point a source names: continue its run when it is the run's latest
-    listed record in ``run_dir``, else branch (``fetch``: see :func:`point_for`)."""
-    if isinstance(source, Pair) and isinstance(source.pick, Average):
+    listed record in ``run``, else branch (``fetch``: see :func:`point_for`)."""
+    if source.averaged() is not None:
         raise ConfigError(
             f"resume={str(source)!r}: an average carries no optimizer state to continue. Start "
             f"a new run from it with weights={str(source)!r}, or resume a record: "
-            f"resume='{source.run} => latest'."
+            f"resume='{str(source).partition(' => ')[0]} => latest'."
         )
-    if isinstance(source, Pair) and not entries:
+    if source.needs_manifest() and not entries:
         raise CheckpointNotFound(
-            f"Nothing to resume in {str(run_dir)!r} for resume={str(source)!r}: it holds no "
+            f"Nothing to resume in {str(run)!r} for resume={str(source)!r}: it holds no "
             "checkpoints. Use resume='auto' to start fresh when there is nothing to resume."
         )
-    if isinstance(source, PathSource) and on_store(source, storage):
-        url = objects.parse(source.path, "resume") if objects.is_url(source.path) else None
-        home = url.parent if url is not None else storage
-        assert home is not None  # on_store: a URL, or a name in the storage run directory
-        if home == storage:  # a record this run directory lists: continued or branched
-            entry = remote.listed_entry(source, home)
-            return point_for(entry, entries, run_dir, storage, fetch)
-        found = remote.resolve_at(source, home)  # another run directory's record: a branch
+    home, named = lookup.home_of(source, run)
+    if home != run:  # another run directory's record: a branch
+        found = lookup.resolve_at(source, run)
     else:
-        found = resolve(source, run_dir, entries)
-    if found.entry is not None and found.path.parent.resolve() == run_dir.resolve():
-        return point_for(found.entry, entries, run_dir, storage, fetch)
+        entry = lookup.named_entry(named, run)  # a record this run directory lists by name
+        if entry is not None:
+            return point_for(entry, entries, run, fetch)
+        found = resolve(source, run.local, entries)
+    if found.entry is not None and found.path.parent.resolve() == run.local.resolve():
+        return point_for(found.entry, entries, run, fetch)
     return ResumePoint(
         path=found.path,
         entry=found.entry,
@@ -178,52 +172,27 @@ def resume_from_source(
     )
 
 
-def on_store(source: PathSource, storage: ObjectUrl | None) -> bool:
-    """Whether a path source names a record on object storage: by its URL, or (in a run
-    directory there) by a relative name; an absolute path is a local file, and ``hf:<dir>``
-    a local Hugging Face directory."""
-    if isinstance(source, HFDirectory):
-        return False
-    if objects.is_url(source.path):
-        return True
-    return storage is not None and not Path(source.path).is_absolute()
-
-
-def latest_point(
-    entries: list[ManifestEntry],
-    run_dir: Path,
-    storage: ObjectUrl | None = None,
-    fetch: bool = True,
-) -> ResumePoint:
+def latest_point(entries: list[ManifestEntry], run: RunStore, fetch: bool = True) -> ResumePoint:
     """``latest => latest``: the last entry of the run that wrote the last entry."""
     if not entries:
         raise CheckpointNotFound(
-            f"Nothing to resume in {str(run_dir)!r}: its manifest lists no checkpoints. Train "
+            f"Nothing to resume in {str(run)!r}: its manifest lists no checkpoints. Train "
             "first, or use resume='auto' to start fresh when there is nothing."
         )
-    return point_for(entries[-1], entries, run_dir, storage, fetch)
+    return point_for(entries[-1], entries, run, fetch)
 
 
 def point_for(
-    entry: ManifestEntry,
-    entries: list[ManifestEntry],
-    run_dir: Path,
-    storage: ObjectUrl | None = None,
-    fetch: bool = True,
+    entry: ManifestEntry, entries: list[ManifestEntry], run: RunStore, fetch: bool = True
 ) -> ResumePoint:
-    """A resume point at a listed entry: continue its run when it is the run's latest. On
-    object storage (``storage``) the record is first copied down into ``run_dir``; with
-    ``fetch=False`` only its header is read, by ranged reads (a check before a job: the
-    point is never loaded)."""
-    path = run_dir / entry.file
-    if storage is not None and fetch:
-        path = object_run.fetch_entry(storage, entry, run_dir)
+    """A resume point at a listed entry: continue its run when it is the run's latest. The
+    record is made readable here first (:meth:`RunStore.fetch`: on object storage copied
+    down into the staging directory); with ``fetch=False`` only its header is read (a check
+    before a job: the point is never loaded)."""
+    path = run.fetch(entry) if fetch else run.local / entry.file
     own = manifest.run_entries(entries, entry.run)
     continue_run = entry.run if own and own[-1].file == entry.file else None
-    if storage is not None and not fetch:
-        meta = object_run.read_header(storage.child(entry.file), entry.expected)
-    else:
-        meta = store.read_header(path, entry.expected)
+    meta = store.read_header(path, entry.expected) if fetch else run.header(entry)
     return ResumePoint(path=path, entry=entry, meta=meta, continue_run=continue_run)
 
 

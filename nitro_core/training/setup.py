@@ -19,35 +19,22 @@ from nitro_core.errors import ConfigError, NitroWarning
 from nitro_core.experiment import Experiment
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.sources.resolve import partial_files
-from nitro_core.store import objects
 from nitro_core.store import recordio as store
-from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.run import RunStore, open_run
 from nitro_core.training import progress
 
 
-def resolve_run_dir(run_dir: str | Path | None, ckpt: Checkpointer | None, name: str) -> Path:
-    if ckpt is not None and ckpt.dir is not None:
-        if run_dir is not None and Path(run_dir) != Path(ckpt.dir):
-            raise ConfigError(
-                f"run_dir={str(run_dir)!r} disagrees with Checkpointer(dir={ckpt.dir!r}); give "
-                "one of them, or the same directory to both."
-            )
-        return Path(ckpt.dir)
-    return Path(run_dir) if run_dir is not None else Path("runs") / name
-
-
-def storage_of(run_dir: str | Path | None, ckpt: Checkpointer | None) -> ObjectUrl | None:
-    """The run directory on object storage that ``run_dir`` (or ``Checkpointer(dir=...)``)
-    names, or None for a local one; a URL of another scheme is refused."""
-    named = run_dir if run_dir is not None else (ckpt.dir if ckpt is not None else None)
-    if not objects.is_url(named):
-        return None
-    if ckpt is not None and ckpt.dir is not None and run_dir is not None and run_dir != ckpt.dir:
+def run_store(run_dir: str | Path | None, ckpt: Checkpointer | None, name: str) -> RunStore:
+    """The run directory ``run_dir`` (or ``Checkpointer(dir=...)``, else ``runs/<name>``)
+    names: a local directory or ``s3://bucket/prefix/run`` (a URL of another scheme is
+    refused); both named and different is refused."""
+    named = ckpt.dir if ckpt is not None and ckpt.dir is not None else None
+    if named is not None and run_dir is not None and open_run(run_dir) != open_run(named):
         raise ConfigError(
-            f"run_dir={str(run_dir)!r} disagrees with Checkpointer(dir={ckpt.dir!r}); give "
+            f"run_dir={str(run_dir)!r} disagrees with Checkpointer(dir={named!r}); give "
             "one of them, or the same directory to both."
         )
-    return objects.parse(str(named))
+    return open_run(run_dir if run_dir is not None else named or Path("runs") / name)
 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:(0|[1-9][0-9]{0,2}))?")

@@ -19,14 +19,13 @@ and rank 0 publishes and commits once DCP's save has finished on every rank.
 from __future__ import annotations
 
 from concurrent.futures import Future
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from nitro_core.state import records
-from nitro_core.store import digest, object_run, shards
 from nitro_core.store import recordio as store
-from nitro_core.store.objects import ObjectUrl
+from nitro_core.store import shards
+from nitro_core.store.run import RunStore
 from nitro_core.training.checkpointing import Claim, Snap, Submit, Written, done, then
 from nitro_core.training.distributed import Dist
 
@@ -59,31 +58,25 @@ class RecordDirectory:
         "run directory."
     )
 
-    def __init__(
-        self, dist: Dist, async_write: bool, storage: ObjectUrl | None = None, run: str = ""
-    ) -> None:
+    def __init__(self, dist: Dist, async_write: bool, store: RunStore, run: str = "") -> None:
         self.dist = dist
         self.async_write = async_write
-        self.run = run  # the run whose writer claims a prefix (object storage)
-        # object storage: each rank sends its shard under the record's fresh prefix as soon
-        # as it is written and hashed; rank 0 then sends header.json (store.object_run)
-        self.storage = storage
+        self.run = run  # the run whose writer claims the name
+        # where the shards go: on object storage each rank sends its shard under the
+        # record's fresh prefix as soon as it is written and hashed, then rank 0 seals it
+        self.store = store
 
     def claim(self, path: Path) -> Claim | None:
-        if path.exists():
-            return None
-        if self.storage is not None and not object_run.claim_prefix(
-            self.storage, path.name, self.run
-        ):
-            return None  # objects under this name (a killed write's, another writer's claim)
+        if path.exists() or not self.store.claim(path.name, self.run):
+            return None  # a file, or objects under this name (a killed write's, a claim)
         return _Named(path)
 
     def write(
         self, path: Path, claim: Claim | None, epoch: int, snapshot: Snap, submit: Submit[Any]
     ) -> Future[Written | None]:
         tensors, meta = records.encode(snapshot(), leaf=live_leaf)
-        tmp, main, storage = store.tmp_path(path), self.dist.main, self.storage
-        upload = None if storage is None else partial(object_run.upload_shard, storage, path.name)
+        tmp, main = store.tmp_path(path), self.dist.main
+        upload = self.store.shard_sender(path.name)
         written: Future[dict[str, str]]
         if self.async_write:
             group = self.dist.checkpoint_group
@@ -92,21 +85,7 @@ class RecordDirectory:
             written = done(shards.write(tmp, tensors, main, upload))
         if not main:
             return then(written, lambda _: None)  # rank 0 publishes
-        if storage is not None:
-            return then(written, lambda digests: _seal(storage, tmp, path.name, meta, digests))
-        return then(written, lambda digests: shards.publish(tmp, path, meta, digests))
+        return then(written, lambda digests: self.store.seal(tmp, path, meta, digests))
 
     def close(self) -> None:
         pass
-
-
-def _seal(
-    storage: ObjectUrl, tmp: Path, name: str, meta: dict[str, Any], digests: dict[str, str]
-) -> tuple[int, str]:
-    """Rank 0, once every rank's shard is on the object store: its ``header.json`` sent
-    after them; (bytes, the manifest's digest). The local directory the shards were
-    written in goes (each rank removed its shard once sent)."""
-    raw = shards.header_json(meta, digests)
-    size = object_run.seal_directory(storage, name, raw, sorted(digests))
-    shards.remove_tree(tmp)
-    return size, digest.tree(raw)

@@ -170,7 +170,7 @@ def _train(args: argparse.Namespace) -> int:
 
     n.train(on_epoch=on_epoch)
     if main_rank:  # prose for the person: stdout carries only the JSON lines
-        say(f"run {n.run_id} in {n.storage or n.run_dir}: {n.stop_reason} at epoch {n.epoch}")
+        say(f"run {n.run_id} in {n.store}: {n.stop_reason} at epoch {n.epoch}")
     n.close()
     return OK
 

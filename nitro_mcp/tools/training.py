@@ -23,8 +23,8 @@ from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
 from nitro_core.jobs.calls import arguments, train_arguments
 from nitro_core.jobs.manager import new_job_id
 from nitro_core.jobs.ranks import process_limit
-from nitro_core.sources.grammar import Average, Pair, to_source
-from nitro_core.store import object_run
+from nitro_core.sources.grammar import Average, to_source
+from nitro_core.store.place import ObjectPlace
 from nitro_core.training.options import check_options
 from nitro_mcp import call_checks, following, models, observe, seed_groups
 from nitro_mcp.arguments import arguments_model, flag_text
@@ -224,8 +224,8 @@ def _checked_train(
         return gate.shapes(experiment, exp)
 
     url = gate.storage_url(call.run_dir)  # an object-store run directory, under --storage
-    where = gate.run_dir(call.run_dir, experiment) if url is None else object_run.staging(url)
-    place = str(url) if url else str(where)  # the job's run_dir
+    store = gate.run_store(call.run_dir, experiment)
+    where, place = store.local, str(store)  # its records as read here; the job's run_dir
     observe.check_logger_name(call.logger)  # tensorboard installed here
     call = call.model_copy(
         update={"run_dir": place, "resume": resume, "restore_best": restore_best}
@@ -243,7 +243,7 @@ def _checked_train(
     # the pre-flight the handle starts from too: options, seed, device, budget, the manifest
     # and the resumed record's header (on object storage by ranged reads), nothing built
     planned = plan(
-        where, url, resume=resume, weights=weights, restore_optimizer=call.restore_optimizer,
+        store, resume=resume, weights=weights, restore_optimizer=call.restore_optimizer,
         restore_best=restore_best, strict=call.strict, seed=call.seed, device=call.device,
         max_steps=call.max_steps, time_limit=call.time_limit, rooted=rooted,
     )  # fmt: skip
@@ -378,13 +378,13 @@ def checked_average(gate: Gate, call: AverageCall) -> tuple[AverageCall, list[st
     url = gate.storage_url(run_dir)
     where: Path | str = str(url) if url else directory_inside_root(gate.root, run_dir, "run_dir")
     src = to_source(source, "source")
-    if not (isinstance(src, Pair) and isinstance(src.pick, Average)):
+    if src.averaged() is None:
         raise ConfigError(
             f"source={clip(source)} is not an average; write e.g. source='latest => Average(Last(10))'."
         )
     saved: Path | str | None = None
     if save is not None and (save_url := gate.storage_url(save, "save")) is not None:
-        object_run.refuse_taken(save_url, "save=")  # a new object under the storage
+        ObjectPlace(save_url).refuse_taken("save=")  # a new object under the storage
         saved = str(save_url)
     elif save is not None:
         saved = local = inside_root(gate.root, save, "save")

@@ -13,7 +13,6 @@ import pytest
 from nitro_core import Nitro, average_checkpoints
 from nitro_core.averaging import write_averaged
 from nitro_core.errors import ConfigError, ResumeRefused
-from nitro_core.store import object_run, objects
 from nitro_core.training.plan import plan
 from nitro_core.transfer import push
 from tests.nitro_core.tiny import Tiny
@@ -78,9 +77,7 @@ def test_on_object_storage_the_plan_reads_the_header_and_the_handle_fetches(
     url = f"s3://nitro-plan/{uuid.uuid4().hex[:8]}/run"
     _trained(tmp_path / "local")
     push(tmp_path / "local", url)
-    storage = objects.parse(url)
-    staging = object_run.staging(storage)
-    planned = plan(staging, storage, resume="auto")
+    planned = plan(url, resume="auto")
     assert planned.point is not None and planned.point.meta["epoch"] == 2
     assert not planned.point.path.exists()  # the header alone, by ranged reads
     fetched = planned.fetched_point()

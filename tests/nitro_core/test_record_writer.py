@@ -13,6 +13,7 @@ import pytest
 from nitro_core import Checkpointer, Last, Nitro, read_manifest
 from nitro_core.store import journal, manifest
 from nitro_core.store import recordio as store
+from nitro_core.store.run import LocalRun
 from nitro_core.training import snapshot
 from nitro_core.training.checkpointing import OneFile, RecordFormat, RecordWriter
 from nitro_core.training.distributed import Dist
@@ -21,13 +22,14 @@ from nitro_core.training.sharded_save import RecordDirectory
 from .tiny import Tiny
 
 
-def formats(name: str) -> RecordFormat:
-    return OneFile(async_write=False) if name == "file" else RecordDirectory(Dist(), False)
+def formats(name: str, run: LocalRun) -> RecordFormat:
+    return OneFile(async_write=False) if name == "file" else RecordDirectory(Dist(), False, run)
 
 
 def writer(run_dir: Path, run: str, name: str) -> RecordWriter:
     ckpt = Checkpointer(keep=Last(2), async_write=False)
-    return RecordWriter(run_dir, ckpt, run, ("loss", "min"), None, Dist(), formats(name))
+    where = LocalRun(run_dir)
+    return RecordWriter(where, ckpt, run, ("loss", "min"), None, Dist(), formats(name, where))
 
 
 @pytest.fixture(scope="module")
