@@ -23,7 +23,7 @@ from nitro_core.experiment import Experiment, config_of, host_fields
 from nitro_core.jobs import JobManager, JobStatus
 from nitro_core.jobs.calls import nothing_to_train, train_arguments
 from nitro_core.sources.grammar import Source
-from nitro_core.store.objects import is_url, parse
+from nitro_core.store.place import place
 from nitro_mcp.record_fit import Shapes, record_shapes, registered_name
 from nitro_mcp.refusals import for_tool
 from nitro_mcp.tool_calls import tool_call, value
@@ -197,9 +197,7 @@ def busy_job(jobs: JobManager, where: Path | str) -> JobStatus | None:
 
 
 def _same_place(a: str, b: Path | str) -> bool:
-    if is_url(a) or is_url(str(b)):  # URLs compare as written (parsed: one spelling)
-        return is_url(a) and is_url(str(b)) and str(parse(a)) == str(parse(str(b)))
-    return Path(a).resolve() == Path(b).resolve()
+    return place(a, "run_dir").same(place(b, "run_dir"))  # URLs as parsed, paths resolved
 
 
 def refuse_busy(job: JobStatus, args: dict[str, Any]) -> ConfigError:

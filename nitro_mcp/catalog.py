@@ -17,17 +17,18 @@ import re
 import stat
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError
-from nitro_core.sources.grammar import PathSource, Source, to_source
+from nitro_core.sources.grammar import Source, to_source
 from nitro_core.store import manifest, metrics_log
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point
 from nitro_core.store.manifest_file import MANIFEST_NAME
-from nitro_core.store.objects import ObjectUrl, is_url
+from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.place import place
 from nitro_core.store.record_header import read_header
 from nitro_mcp import models
 from nitro_mcp.echo import clip, clip_text
@@ -481,15 +482,16 @@ def export(
         )
     src = to_source(source, "source")
     where: Path | str
+    named = src.record_path() or src.hf_directory()  # a path source's path (None: a pair)
     if url is not None and (
-        not isinstance(src, PathSource) or is_url(src.path) or "/" not in src.path.rstrip("/")
+        named is None or place(named, "source").local_path() is None or "/" not in named.rstrip("/")
     ):  # a pair, or a record of the object-store run directory (by its name or its URL)
         where = str(url)
-    elif isinstance(src, PathSource):
+    elif named is not None:
         base = directory_inside_root(root, run_dir, "run_dir") if run_dir and not url else root
-        candidates = [inside_root(root, str(b / src.path), "source") for b in (root, base)]
+        candidates = [inside_root(root, str(b / named), "source") for b in (root, base)]
         found = next((p for p in candidates if p.exists()), candidates[-1])  # file or record dir
-        src, where = replace(src, path=str(found)), found.parent  # an hf: directory stays one
+        src, where = src.rooted(lambda _: str(found)), found.parent  # hf: stays an hf: source
     else:
         if run_dir is None:
             raise ConfigError(

@@ -16,12 +16,12 @@ from typing import TypeGuard
 from nitro_core.deletion import Deletion, delete_checkpoints
 from nitro_core.errors import CheckpointNotFound, ConfigError, NitroError, TrainingRefused
 from nitro_core.jobs import JobManager, JobStatus
-from nitro_core.store.objects import ObjectUrl, is_url, parse
+from nitro_core.store.place import Place, place
 from nitro_mcp import models
 from nitro_mcp.catalog import RUN_ID, holds_manifest
 from nitro_mcp.echo import clip, clip_text
 from nitro_mcp.following import follow_call
-from nitro_mcp.paths import directory_inside_root, shown
+from nitro_mcp.paths import shown
 from nitro_mcp.replies import fit
 
 SHOWN_FILES = 50
@@ -33,18 +33,16 @@ def delete(
     root: Path,
     jobs: JobManager,
     run_dir: str,
+    where: Place,
     run: str | None,
     files: list[str] | None,
     dry_run: bool,
-    url: ObjectUrl | None = None,
 ) -> models.DeleteResult:
-    """Delete a run or some records of a run directory (a dry run by default), refused while
-    a queued or running job of this root uses the directory. ``url``: the run directory is
-    on object storage (``run_dir`` its URL, confined by the caller)."""
-    where: Path | ObjectUrl = (
-        url if url is not None else directory_inside_root(root, run_dir, "run_dir")
-    )
-    if isinstance(where, Path) and not holds_manifest(where):
+    """Delete a run or some records of the run directory ``where`` (``run_dir`` as the call
+    wrote it, confined by the caller), a dry run by default, refused while a queued or
+    running job of this root uses the directory."""
+    local = where.local_path()
+    if local is not None and not holds_manifest(local):
         raise CheckpointNotFound(
             f"run_dir={clip(run_dir)} holds no manifest.json, so nothing there is Nitro's to "
             f"delete; nitro_runs(run_dir={clip(run_dir)}) lists the run directories below it."
@@ -75,15 +73,12 @@ def delete(
     return _deletion_result(root, done, run_dir, run, files)
 
 
-def _job_using(root: Path, jobs: JobManager, where: Path | ObjectUrl) -> JobStatus | None:
+def _job_using(root: Path, jobs: JobManager, where: Place) -> JobStatus | None:
     """A queued or running job whose run directory is ``where`` (first), else one whose path
     source names a record inside it (on object storage: by its URL)."""
     live = jobs.live()  # the queued and running jobs, from the index
     for status in live:
-        if isinstance(where, ObjectUrl):
-            if status.run_dir == str(where):
-                return status
-        elif not is_url(status.run_dir) and Path(status.run_dir).resolve() == where:
+        if where.same(place(status.run_dir, "run_dir")):
             return status
     for status in live:
         try:
@@ -98,22 +93,13 @@ def _job_using(root: Path, jobs: JobManager, where: Path | ObjectUrl) -> JobStat
     return None
 
 
-def _names_a_record_in(text: object, where: Path | ObjectUrl, root: Path, run_dir: str) -> bool:
+def _names_a_record_in(text: object, where: Place, root: Path, run_dir: str) -> bool:
     """Whether a job's source string names a record inside ``where``: by its URL (object
     storage), or by its path, relative to the root or the job's run directory."""
-    if isinstance(where, ObjectUrl):
-        return isinstance(text, str) and is_url(text) and _parent_is(text, where)
-    if not _is_path(text) or is_url(text):  # a pair, a flag, an hf: directory, a URL
+    if not _is_path(text):  # a pair, a flag, an hf: directory
         return False
-    bases = (root,) if is_url(run_dir) else (root, Path(run_dir))
-    return any(where in (base / text).resolve().parents for base in bases)
-
-
-def _parent_is(text: str, where: ObjectUrl) -> bool:
-    try:
-        return parse(text).parent == where
-    except ConfigError:  # not a URL Nitro reads: no record of the run directory
-        return False
+    own = place(run_dir, "run_dir").local_path()
+    return where.holds(text, (root,) if own is None else (root, own))
 
 
 def _is_path(text: object) -> TypeGuard[str]:

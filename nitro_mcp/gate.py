@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,11 @@ from nitro_core.jobs.files import TERMINAL, JobSpec
 from nitro_core.jobs.probe import Question
 from nitro_core.registry import Registry, lookup
 from nitro_core.sources import lookup as sources
-from nitro_core.sources.grammar import HFDirectory, PathSource, Source
+from nitro_core.sources.grammar import Source
 from nitro_core.sources.resolve import resolve
 from nitro_core.store import manifest, objects
 from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.place import LocalPlace, ObjectPlace, Place, named_url, on_disk
 from nitro_core.store.run import LocalRun, ObjectRun, RunStore
 from nitro_mcp import following, models
 from nitro_mcp.arguments import coerce_overrides
@@ -61,7 +61,7 @@ class Gate:
     ) -> None:
         self.root = Path(root).resolve()
         # object storage: every URL under storage (nitro serve --storage), or any (a CLI's)
-        self.storage = objects.parse(storage, "--storage") if storage else None
+        self.storages = (objects.parse(storage, "--storage"),) if storage else ()
         self.any_storage = any_storage
         self._experiments = ExperimentModules(
             self.root, tuple(experiment_modules), import_timeout_s
@@ -160,6 +160,14 @@ class Gate:
         default = f"runs/{experiment.rsplit('.', 1)[-1]}"
         return directory_inside_root(self.root, run_dir or default, "run_dir")
 
+    def where(self, run_dir: str, what: str = "run_dir") -> Place:
+        """A run directory a call names: a URL under the server's ``--storage``, else a
+        directory inside the root."""
+        url = self.storage_url(run_dir, what)
+        if url is not None:
+            return ObjectPlace(url)
+        return LocalPlace(directory_inside_root(self.root, run_dir, what))
+
     def run_store(self, run_dir: str | None, experiment: str) -> RunStore:
         """A call's run directory: under the server's ``--storage`` when it names a URL,
         else inside the root (default ``runs/<experiment>``)."""
@@ -169,24 +177,22 @@ class Gate:
     def storage_url(self, text: object, what: str = "run_dir") -> ObjectUrl | None:
         """The object-store URL ``text`` names, confined under the server's ``--storage``;
         None when ``text`` is not a URL (a path: checked against the root by the caller)."""
-        if not isinstance(text, str) or not objects.is_url(text):
-            return None
-        if self.any_storage:  # at a terminal every URL the user names is theirs to name
-            return objects.parse(text, what)
-        return under_storage(self.storage, text, what)
+        url = named_url(text, what)
+        if url is None or self.any_storage:  # at a terminal every URL named is theirs
+            return url
+        return under_storage(self.storages, str(text), what)
 
     def rooted_at(self, source: Source, url: ObjectUrl, keyword: str) -> Source:
         """A path source of a call whose run directory is the object-store ``url``: a
         record's name there (kept as it is), a URL under the storage, or a local path
         inside the root (made absolute)."""
-        if not isinstance(source, PathSource) or not source.path.strip():
-            return source
-        if isinstance(source, HFDirectory):
+        path = source.record_path()
+        if source.hf_directory() is not None:
             return self.rooted(source, self.root, keyword)  # a local directory, in the root
-        if self.storage_url(source.path, keyword) is not None:
-            return source
-        if Path(source.path).is_absolute() or "/" in source.path.rstrip("/"):
-            return replace(source, path=str(inside_root(self.root, source.path, keyword)))
+        if path is None or not path.strip() or self.storage_url(path, keyword) is not None:
+            return source  # a pair, or a record's URL
+        if Path(path).is_absolute() or "/" in path.rstrip("/"):
+            return source.rooted(lambda p: str(inside_root(self.root, p, keyword)))
         return source  # a record of the run directory, by its name
 
     def existing_dir(self, run_dir: str) -> Path:
@@ -200,21 +206,22 @@ class Gate:
     def rooted(self, source: Source, run_dir: Path, keyword: str) -> Source:
         """A path source made absolute the way the worker (whose working directory is the
         root) will resolve it: relative to the root, else to run_dir; inside the root only."""
-        if not isinstance(source, PathSource):
-            return source
-        if isinstance(source, HFDirectory) and objects.is_url(source.path):
-            raise ConfigError(
+        path = source.record_path() or source.hf_directory()
+        if path is None:
+            return source  # a pair
+        if source.hf_directory() is not None:
+            on_disk(
+                path,
                 f"{keyword}={clip(str(source))}: hf: takes a local Hugging Face model "
-                f"directory inside the server's root, not a URL; e.g. {keyword}='hf:models/gpt2'."
+                f"directory inside the server's root, not a URL; e.g. {keyword}='hf:models/gpt2'.",
             )
-        if self.storage_url(source.path, keyword) is not None:
+        if self.storage_url(path, keyword) is not None:
             return source  # a record's URL, confined under the storage
         candidates = [
-            inside_root(self.root, str(base / source.path), keyword)
-            for base in (self.root, run_dir)
+            inside_root(self.root, str(base / path), keyword) for base in (self.root, run_dir)
         ]
         found = next((p for p in candidates if p.exists()), candidates[0])  # a file or record dir
-        return replace(source, path=str(found))  # an hf: directory stays one
+        return source.rooted(lambda _: str(found))  # an hf: directory stays one
 
     def check_source(self, source: Source, run_dir: Path | str, keyword: str) -> Path | str:
         """Resolve a source against the manifest now, so a call that can never succeed is
@@ -230,9 +237,9 @@ class Gate:
             return sources.header_at(rooted_at, ObjectRun(url))[1]
         run_dir = Path(run_dir)
         rooted = self.rooted(source, run_dir, keyword)
-        record = self.storage_url(str(rooted), keyword) if isinstance(rooted, PathSource) else None
-        if record is not None:  # a record of an object-store run directory, by its URL
-            return sources.header_at(rooted, ObjectRun(record.parent))[1]
+        home, _ = sources.home_of(rooted, LocalRun(run_dir))
+        if home != LocalRun(run_dir):  # a record of an object-store run directory, by its URL
+            return sources.header_at(rooted, home)[1]
         return resolve(rooted, run_dir, manifest.read_manifest(run_dir)).path
 
     def named(self, record: Path | str) -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import overload
 
 from nitro_core.errors import ConfigError
-from nitro_core.store.objects import ObjectUrl, is_url, parse
+from nitro_core.store.objects import ObjectUrl, parse
+from nitro_core.store.place import on_disk, shown_from
 from nitro_mcp.echo import clip
 
 STATE_DIR = ".nitro"
@@ -41,15 +42,14 @@ def inside_root(root: Path, text: str, what: str) -> Path:
         raise ConfigError(
             f"{what}={clip(text)} is not a path; give a path inside the server's root, {example(what)}."
         )
-    if is_url(text):  # never a relative path "s3:/..." inside the root
-        raise ConfigError(
-            f"{what}={clip(text)} is a URL, and {what} takes a path here; give a path inside "
-            f"the server's root, {example(what)}. (Run directories on object storage are taken "
-            "as run_dir of nitro_train, nitro_validate, average, nitro_manifest, nitro_export "
-            "and nitro_delete, under the server's --storage.)"
-        )
+    candidate = on_disk(  # never a relative path "s3:/..." inside the root
+        text,
+        f"{what}={clip(text)} is a URL, and {what} takes a path here; give a path inside "
+        f"the server's root, {example(what)}. (Run directories on object storage are taken "
+        "as run_dir of nitro_train, nitro_validate, average, nitro_manifest, nitro_export "
+        "and nitro_delete, under the server's --storage.)",
+    )
     _check_lengths(text, what)
-    candidate = Path(text)
     try:
         resolved = (candidate if candidate.is_absolute() else root / candidate).resolve()
     except (OSError, RuntimeError) as exc:  # a symlink loop, an unreadable directory
@@ -73,26 +73,31 @@ def inside_root(root: Path, text: str, what: str) -> Path:
     return resolved
 
 
-def under_storage(storage: ObjectUrl | None, text: str, what: str) -> ObjectUrl:
-    """The object-store URL ``text``, refused unless it lies under ``storage`` (the server's
-    ``--storage s3://bucket/prefix``: every URL a client names is confined under it, as every
-    path is under the root), by whole key segments."""
-    if storage is None:
+def under_storage(allowed: tuple[ObjectUrl, ...], text: str, what: str) -> ObjectUrl:
+    """The object-store URL ``text``, refused unless it lies under one of the prefixes
+    ``allowed`` (the server's ``--storage s3://bucket/prefix``: every URL a client names is
+    confined under it, as every path is under the root), by whole key segments."""
+    if not allowed:
         raise ConfigError(
             f"{what}={clip(text)} is on object storage, which this server was not started "
             f"with; give a path inside the server's root, {example(what)}, or start the server "
             "with nitro serve --storage s3://bucket/prefix to allow URLs under that prefix."
         )
     url = parse(text, what)
-    inside = url.bucket == storage.bucket and (
-        not storage.key or url.key == storage.key or url.key.startswith(storage.key + "/")
-    )
-    if not inside:
+    if not any(_holds(prefix, url) for prefix in allowed):
+        storage = allowed[0]
         raise ConfigError(
             f"{what}={clip(text)} lies outside the server's storage {str(storage)!r}; give a "
             f"URL under it, e.g. {what}='{storage.child('runs/Classifier')}'."
         )
     return url
+
+
+def _holds(prefix: ObjectUrl, url: ObjectUrl) -> bool:
+    """Whether ``url`` lies under ``prefix``, by whole key segments."""
+    return url.bucket == prefix.bucket and (
+        not prefix.key or url.key == prefix.key or url.key.startswith(prefix.key + "/")
+    )
 
 
 def directory_inside_root(root: Path, text: str, what: str) -> Path:
@@ -133,13 +138,7 @@ def shown(root: Path, path: Path | str | None) -> str | None:
     """A path as the client should see it: relative to the root when inside it."""
     if path is None:
         return None
-    if is_url(str(path)):  # an object-store URL is shown as it is
-        return str(path)
-    p = Path(path)
-    try:
-        return str(p.resolve().relative_to(root))
-    except ValueError:
-        return str(p)
+    return shown_from(root, path)  # an object-store URL is shown as it is
 
 
 def _check_lengths(text: str, what: str, echo: str | None = None) -> None:

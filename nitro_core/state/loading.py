@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from nitro_core.errors import ConfigError, NitroWarning, arg
-from nitro_core.sources.grammar import HFDirectory
 from nitro_core.sources.resolve import Resolved
 from nitro_core.state.records import Record
 from nitro_core.store import hf
@@ -26,7 +25,7 @@ def read(resolved: Resolved, sections: Collection[str] | None = None) -> Record:
     for parameters, layer state and EMA, never the optimizer's bytes), made straight from
     the file in one pass: the header is checked against the manifest's digest when the
     record is listed, and each section read against the header's digest of it."""
-    if isinstance(resolved.source, HFDirectory):  # plain state-dict keys, read as an export
+    if resolved.source.hf_directory() is not None:  # plain state-dict keys, read as an export
         tensors, provenance = hf.read_dir(resolved.path, str(resolved.source))
         return Record(meta=hf_meta(provenance), tensors=tensors)
     tensors, meta = store.read_record(

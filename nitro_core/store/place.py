@@ -58,9 +58,28 @@ class Place(ABC):
         """Write a new file here by calling ``write(path)``, refused before anything is
         written when it exists; returns :attr:`shown`."""
 
+    @abstractmethod
+    def local_path(self) -> Path | None:
+        """The path on this machine's disk this names (None: nothing local backs it, an
+        object store's object or prefix)."""
+
+    @abstractmethod
+    def same(self, other: Place) -> bool:
+        """Whether ``other`` names the same file or directory (a path resolved, a URL as
+        parsed)."""
+
+    @abstractmethod
+    def holds(self, text: str, bases: tuple[Path, ...]) -> bool:
+        """Whether ``text`` names a record inside this run directory: by its URL (object
+        storage), or by a path relative to one of ``bases`` (a disk)."""
+
+    @abstractmethod
+    def shown_from(self, root: Path) -> str:
+        """As a reply names it: a path relative to ``root`` when inside it, a URL as it is."""
+
+    @abstractmethod
     def run(self) -> RunStore:
         """This, named as a run directory."""
-        return LocalRun(Path(self.shown))
 
 
 class LocalPlace(Place):
@@ -85,6 +104,27 @@ class LocalPlace(Place):
         claims.refuse_existing(self.path, what)
         write(self.path)
         return self.path
+
+    def local_path(self) -> Path | None:
+        return self.path
+
+    def same(self, other: Place) -> bool:
+        theirs = other.local_path()
+        return theirs is not None and theirs.resolve() == self.path.resolve()
+
+    def holds(self, text: str, bases: tuple[Path, ...]) -> bool:
+        if objects.is_url(text):
+            return False  # an object, never a file of this directory
+        return any(self.path in (base / text).resolve().parents for base in bases)
+
+    def shown_from(self, root: Path) -> str:
+        try:
+            return str(self.path.resolve().relative_to(root))
+        except ValueError:
+            return str(self.path)
+
+    def run(self) -> RunStore:
+        return LocalRun(self.path)
 
 
 class ObjectPlace(Place):
@@ -115,6 +155,22 @@ class ObjectPlace(Place):
             object_run.put_new(self.url, local, what)
         return self.shown
 
+    def local_path(self) -> Path | None:
+        return None
+
+    def same(self, other: Place) -> bool:
+        return isinstance(other, ObjectPlace) and other.url == self.url
+
+    def holds(self, text: str, bases: tuple[Path, ...]) -> bool:
+        try:
+            url = named_url(text, "source")
+        except ConfigError:  # not a URL Nitro reads: no record of the run directory
+            return False
+        return url is not None and url.parent == self.url
+
+    def shown_from(self, root: Path) -> str:
+        return str(self.url)
+
     def run(self) -> RunStore:
         return ObjectRun(self.url)
 
@@ -125,6 +181,23 @@ def place(text: str | Path, keyword: str = "path") -> Place:
     if objects.is_url(text):
         return ObjectPlace(objects.parse(str(text), keyword))
     return LocalPlace(Path(text))
+
+
+def shown_from(root: Path, text: str | Path) -> str:
+    """``text`` as a reply names it (:meth:`Place.shown_from`): a URL as written."""
+    if objects.is_url(text):
+        return str(text)  # a URL as it is
+    return LocalPlace(Path(text)).shown_from(root)
+
+
+def named_url(text: object, keyword: str) -> ObjectUrl | None:
+    """The object-store URL ``text`` names (a URL of another scheme is refused, naming
+    ``keyword``), or None when it names a local path (or is no text): the one test a
+    boundary confining what callers name (the gate: paths under its root, URLs under its
+    storage) makes."""
+    if not isinstance(text, str) or not objects.is_url(text):
+        return None
+    return objects.parse(text, keyword)
 
 
 def on_disk(text: str, refusal: str) -> Path:
@@ -141,4 +214,13 @@ def locate(text: str) -> tuple[RunStore, str] | None:
     return place(text, "source").home()
 
 
-__all__ = ["LocalPlace", "ObjectPlace", "Place", "locate", "on_disk", "place"]
+__all__ = [
+    "LocalPlace",
+    "ObjectPlace",
+    "Place",
+    "locate",
+    "named_url",
+    "on_disk",
+    "place",
+    "shown_from",
+]

@@ -26,7 +26,7 @@ from nitro_core.errors import (
     ResumeRefused,
     UnsafePath,
 )
-from nitro_core.store.objects import is_url, parse
+from nitro_core.store.place import place
 
 OK, FAILED, REFUSED = 0, 1, 2
 Handler = Callable[[argparse.Namespace], int]
@@ -88,9 +88,10 @@ def root_of(args: argparse.Namespace, *paths: str | None, up: int = 1) -> Path:
     here = Path.cwd().resolve()
     holders = [str(here)]
     for text in paths:
-        if text is None or is_url(text):  # an object-store URL holds nothing local
+        local = place(text).local_path() if text is not None else None
+        if local is None:  # an object-store URL holds nothing local
             continue
-        where = Path(os.path.abspath(text))
+        where = Path(os.path.abspath(local))
         holders.append(
             str(where.parents[min(up, len(where.parents)) - 1] if where.parents else where)
         )
@@ -105,11 +106,18 @@ def gate(args: argparse.Namespace, *paths: str | None, up: int = 1) -> Any:
     return Gate(root_of(args, *paths, up=up), experiment_modules=modules, any_storage=True)
 
 
+def absolute(text: str, keyword: str) -> str:
+    """A path or URL as a command passes it on: a path made absolute, a URL as written."""
+    local = place(text, keyword).local_path()
+    return text if local is None else str(local.resolve())
+
+
 def run_place(text: str) -> str:
     """A run directory as a command passes it on: an object-store URL as written (parsed),
     else an existing local directory (:func:`run_directory`), absolute."""
-    if is_url(text):
-        return str(parse(text))
+    where = place(text, "run_dir")
+    if where.local_path() is None:  # an object-store URL, as parsed
+        return str(where)
     return str(run_directory(text).resolve())
 
 

@@ -14,8 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from nitro_core.errors import ConfigError
-from nitro_core.store.objects import is_url
-from nitro_mcp.cli.common import OK, Handler, command, emit, gate, root_option, run_place
+from nitro_mcp.cli.common import (
+    OK,
+    Handler,
+    absolute,
+    command,
+    emit,
+    gate,
+    root_option,
+    run_place,
+)
 
 
 def add(sub: Any) -> dict[str, Handler]:
@@ -48,7 +56,7 @@ def _delete(args: argparse.Namespace) -> int:
 
     given = run_place(args.run_dir)  # a directory, or s3://...
     g = gate(args, given)
-    result = delete(g.root, g.jobs, given, args.run, args.files, args.dry_run, g.storage_url(given))
+    result = delete(g.root, g.jobs, given, g.where(given), args.run, args.files, args.dry_run)
 
     def lines() -> Iterator[str]:
         verb = "would delete" if result.dry_run else "deleted"
@@ -77,8 +85,7 @@ def _export(args: argparse.Namespace) -> int:
             "--dtype and --max-shard-size are options of --format hf; add --format hf or drop them."
         )
     out = str(Path(args.out).resolve())
-    run_dir = args.run_dir if args.run_dir is None or is_url(args.run_dir) else str(
-        Path(args.run_dir).resolve())  # fmt: skip
+    run_dir = None if args.run_dir is None else absolute(args.run_dir, "run_dir")
     g = gate(args, *(p for p in (run_dir, out) if p is not None))
     result = export(g, _source(args.source), out, run_dir, args.format, args.dtype,
                     args.max_shard_size)  # fmt: skip

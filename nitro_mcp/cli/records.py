@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nitro_core.store.objects import is_url
+from nitro_core.store.place import place
 from nitro_mcp.cli.common import (
     FAILED,
     OK,
@@ -119,7 +119,7 @@ def _more(name: str, path: str | None, cursor: str) -> str:
 def _manifest(args: argparse.Namespace) -> int:
     from nitro_mcp.tools.records import manifest_page  # lazy: the gate imports torch
 
-    if is_url(args.run_dir):
+    if place(args.run_dir, "run_dir").local_path() is None:
         return _manifest_of_url(args)
     given = str(run_directory(args.run_dir).resolve())
     result = manifest_page(gate(args, given), given, args.limit, args.cursor)
@@ -140,7 +140,7 @@ def _manifest(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from nitro_mcp.tools.records import record_header  # lazy: the gate imports torch
 
-    if is_url(args.file):  # its header alone, by ranged reads (a listed record only)
+    if place(args.file).local_path() is None:  # its header alone, by ranged reads
         from nitro_core.info import checkpoint_info  # lazy
 
         header = checkpoint_info(args.file)
@@ -164,7 +164,7 @@ def _value(v: Any) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    if args.json and is_url(args.path):
+    if args.json and place(args.path).local_path() is None:
         from nitro_core.verification import verify as verify_url  # lazy
 
         checks = verify_url(args.path)

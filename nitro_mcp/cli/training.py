@@ -23,11 +23,11 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
-from nitro_core.store.objects import is_url
 from nitro_mcp.cli.common import (
     OK,
     REFUSED,
     Handler,
+    absolute,
     command,
     emit,
     gate,
@@ -237,13 +237,7 @@ def _average(args: argparse.Namespace) -> int:
     from nitro_core.jobs.worker import average_job  # lazy: torch
     from nitro_mcp.tools.training import checked_average  # lazy: the gate imports torch
 
-    save = (
-        None
-        if args.save is None
-        else args.save
-        if is_url(args.save)
-        else str(Path(args.save).resolve())
-    )
+    save = None if args.save is None else absolute(args.save, "save")
     g = gate(args, run_dir, save)
     asked = _call(AverageCall, args, run_dir=run_dir, save=save, overrides=_overrides(args.set))
     call, notes = checked_average(g, asked.model_copy(update={"validate_average": args.validate}))

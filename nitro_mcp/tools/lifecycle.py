@@ -32,10 +32,10 @@ def register(server: NitroServer, gate: Gate) -> None:
         ] = None,
         dry_run: Annotated[StrictBool, Field(description="false: really delete.")] = True,
     ) -> models.DeleteResult:
-        url = gate.storage_url(run_dir)  # a run directory on object storage, under --storage
         return await off_loop(
-            deletion.delete, gate.root, gate.jobs, run_dir, run, files, dry_run, url
-        )
+            deletion.delete, gate.root, gate.jobs, run_dir, gate.where(run_dir), run, files,
+            dry_run,
+        )  # fmt: skip
 
     @tool(server, "Write a checkpoint's weights to a new .safetensors file, or (format='hf') "
           "an HF directory.")  # fmt: skip
