@@ -138,6 +138,15 @@ class Experiment(BaseModel):
         """``EMA(decay=...)`` to keep an exponential moving average of the weights, or None."""
         return None
 
+    def stateful(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Your own objects whose state is part of an exact resume (a curriculum, a replay
+        buffer, a data mixture's weights), by name: each has ``state_dict()`` and
+        ``load_state_dict(state)`` (torch's ``Stateful``), its state made of tensors,
+        numbers, strings, lists and dicts (a record never holds a pickle). Called once with
+        the data splits ``build_data`` returned; every record holds their states (section
+        ``stateful/``) and a resume loads them back before training continues."""
+        return {}
+
     def early_stopping(self) -> Any:
         """``EarlyStopping(patience=, min_delta=)`` watching the monitor, or None."""
         return None

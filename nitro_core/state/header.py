@@ -84,6 +84,11 @@ class RecordHeader(BaseModel):
     optimizer_class: str
     scheduler: Any = None
     plateau: Any = None
+    stateful: dict[str, Any] | None = Field(
+        default=None,
+        description="The experiment's own components (Experiment.stateful), by name, each "
+        "state tree-encoded (tensors under stateful/<name>/); absent when it has none.",
+    )
     scaler: Any = Field(
         default=None, description="The GradScaler's state (16-mixed precision), tree-encoded."
     )

@@ -184,6 +184,7 @@ TREE_PREFIXES = {
     "scheduler": "optim/scheduler",
     "plateau": "optim/plateau",
     "data": "rng/data",  # the train split's state_dict() at a mid-epoch record
+    "stateful": "stateful",  # the experiment's own components (Experiment.stateful)
 }
 
 

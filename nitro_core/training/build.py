@@ -11,6 +11,7 @@ its optimizer and step, the schedule, the weight trackers (EMA, decay anchor), t
 
 from __future__ import annotations
 
+import re
 import secrets
 import warnings
 from pathlib import Path
@@ -312,6 +313,40 @@ def resume_lineage(point: ResumePoint | None, exp: Experiment) -> dict[str, list
         return None
     parent = {**point.meta["config"], **{name: old for name, (old, _) in kept.items()}}
     return changed_fields(parent, config_of(exp))
+
+
+_COMPONENT = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,63}")
+
+
+def components(experiment: Experiment, data: dict[str, Any]) -> dict[str, Any]:
+    """The experiment's own stateful components (``Experiment.stateful``), checked: a dict
+    of names to objects with ``state_dict()`` and ``load_state_dict()``."""
+    name = type(experiment).__name__
+    found = experiment.stateful(data)
+    if not isinstance(found, dict):
+        raise ConfigError(
+            f"{name}.stateful() returned {type(found).__name__}; return a dict of names to "
+            "objects with state_dict() and load_state_dict(), e.g. {'curriculum': sampler}, "
+            "or {} for none."
+        )
+    for key, component in found.items():
+        if not isinstance(key, str) or not _COMPONENT.fullmatch(key):
+            raise ConfigError(
+                f"{name}.stateful() names a component {key!r}; a name is a word of letters, "
+                "digits, '_', '.' and '-' (at most 64), e.g. 'curriculum'."
+            )
+        missing = [
+            m
+            for m in ("state_dict", "load_state_dict")
+            if not callable(getattr(component, m, None))
+        ]
+        if missing:
+            raise ConfigError(
+                f"{name}.stateful()[{key!r}] is a {type(component).__name__}, which has no "
+                f"{' and no '.join(missing)}(); give it state_dict() and "
+                "load_state_dict(state) (torch's Stateful), so a resume can put its state back."
+            )
+    return dict(found)
 
 
 def weights_lineage(

@@ -127,6 +127,7 @@ class Nitro:
             exp, self.optimizer, self.data["train"], place.step_settings
         )
         self.ema, self.anchor = build.trackers(exp, self.model, self.optimizer)
+        self.components = build.components(exp, self.data)
         self.ranking, self.early_stopper, self.plateau = build.watchers(
             exp, self.checkpointer, list(self.data), self.optimizer
         )

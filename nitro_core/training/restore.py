@@ -73,6 +73,7 @@ class Restorable(Protocol):
     scheduler: Any
     plateau: Any
     stepper: Stepper | None
+    components: dict[str, Any]  # Experiment.stateful's, by name
     early_stopper: EarlyStopper | None
     ema: EMATracker | None
     anchor: W0Anchor | None
@@ -128,6 +129,7 @@ def restore_full(n: Restorable, point: ResumePoint) -> Restored:
         scaler.load_state_dict(rec.tree("scaler"))
     if n.early_stopper is not None and meta.get("early_stopping") is not None:
         n.early_stopper.load_state_dict(meta["early_stopping"])
+    _load_components(n, rec, point.file)
     ema_state = rec.ema_state()
     if n.ema is not None and ema_state is not None:
         n.ema.load(ema_state, meta["ema_meta"]["num_updates"])
@@ -138,6 +140,23 @@ def restore_full(n: Restorable, point: ResumePoint) -> Restored:
     n.history = list(meta.get("history", []))
     n.averaged_from = meta.get("averaged_from")
     return Restored(meta["logger"]["state"], (meta["rng"], rec.rng_tensors()), at)
+
+
+def _load_components(n: Restorable, rec: records.Record, file: str) -> None:
+    """The experiment's own components (``Experiment.stateful``) given back their recorded
+    states; a record that holds other components than the experiment declares is refused,
+    naming both (a resume without a component's state cannot continue exactly)."""
+    recorded = rec.tree("stateful") or {}
+    if sorted(recorded) != sorted(n.components):
+        name = type(n.experiment).__name__
+        raise ResumeRefused(
+            f"Cannot resume {file!r} exactly: it holds the states of the components "
+            f"{sorted(recorded)}, and {name}.stateful() declares {sorted(n.components)}. "
+            "Declare the same components the run was trained with, or start a new run from "
+            f"its weights: weights={file!r}."
+        )
+    for key, component in n.components.items():
+        component.load_state_dict(recorded[key])
 
 
 def _warn_world_changed(meta: dict[str, Any], n: Restorable, file: str) -> None:

@@ -46,6 +46,7 @@ class Recorded(Protocol):
     early_stopper: EarlyStopper | None
     ema: EMATracker | None
     anchor: W0Anchor | None
+    components: dict[str, Any]  # Experiment.stateful's, by name
     seed: int
     run_id: str
     parent: str | None
@@ -103,6 +104,8 @@ def take(n: Recorded) -> records.Snapshot:
         trees["plateau"] = n.plateau.state_dict()
     if n.stepper is not None and n.stepper.scaler is not None:
         trees["scaler"] = n.stepper.scaler.state_dict()
+    if n.components:
+        trees["stateful"] = {name: c.state_dict() for name, c in n.components.items()}
     return records.Snapshot(
         header=header,
         model=n.model,
