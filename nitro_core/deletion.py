@@ -1,7 +1,7 @@
 """Deleting checkpoints to free space: ``delete_checkpoints``, a dry run by default.
 
-The decision is :func:`nitro_core.policy.deletion.plan_deletion` (pure, over the manifest);
-:func:`nitro_core.store.deletion.remove` carries it out under the manifest lock. Only what
+The decision is :func:`nitro_core.policy.deletion_plan.plan_deletion` (pure, over the manifest);
+:func:`nitro_core.store.removal.remove` carries it out under the manifest lock. Only what
 the manifest lists for the runs named goes (records, and for a whole run its points and its
 log); another run's files and entries are never touched, and a run being trained right now
 is refused.
@@ -15,9 +15,9 @@ from functools import partial
 from pathlib import Path, PurePath
 
 from nitro_core.errors import CheckpointNotFound
-from nitro_core.policy.deletion import DeletionPlan, plan_deletion
-from nitro_core.store.deletion import Removed, RemovedFile
+from nitro_core.policy.deletion_plan import DeletionPlan, plan_deletion
 from nitro_core.store.manifest import Manifest, ManifestEntry
+from nitro_core.store.removal import Removed, RemovedFile
 from nitro_core.store.run import open_run
 
 

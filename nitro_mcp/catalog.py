@@ -1,6 +1,6 @@
 """Finding, comparing and exporting runs: what ``nitro_runs`` does without a run directory
 (or with one that holds no manifest), ``nitro_compare`` and ``nitro_export``
-(:mod:`nitro_mcp.deletion` deletes).
+(:mod:`nitro_mcp.delete_call` deletes).
 
 The walk for run directories never follows a link, skips hidden directories (``.nitro``,
 ``.git``), virtual environments and package caches, and stops at a depth and a count of

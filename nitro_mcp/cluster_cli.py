@@ -15,7 +15,7 @@ from nitro_core.errors import NitroError
 from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import TERMINAL
 from nitro_mcp.gate import Gate
-from nitro_mcp.tools.training import train
+from nitro_mcp.tools.training_tools import train
 
 POLL_S = 1.0
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from nitro_core.errors import ConfigError
 from nitro_core.jobs import JobManager
 from nitro_mcp import models
-from nitro_mcp.deletion import human_bytes
+from nitro_mcp.delete_call import human_bytes
 from nitro_mcp.echo import clip
 
 

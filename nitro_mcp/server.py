@@ -23,11 +23,23 @@ from nitro_core.jobs.call_models import SlurmOptions
 from nitro_mcp.experiments import IMPORT_TIMEOUT_S
 from nitro_mcp.gate import Gate
 from nitro_mcp.replies import NitroServer
-from nitro_mcp.tools import jobs, lifecycle, observing, records, training
+from nitro_mcp.tools import (
+    job_tools,
+    lifecycle_tools,
+    observing_tools,
+    record_tools,
+    training_tools,
+)
 
 log = logging.getLogger(__name__)
 WATCH_S = 2.0  # how often the server looks for a queued job that can start
-FAMILIES = (training, jobs, records, observing, lifecycle)  # the order of the tool listing
+FAMILIES = (  # the order of the tool listing
+    training_tools,
+    job_tools,
+    record_tools,
+    observing_tools,
+    lifecycle_tools,
+)
 
 INSTRUCTIONS = """Nitro trains PyTorch experiments and keeps checkpoints you can trust.
 Start with nitro_experiments to see what can be trained. nitro_train starts a background

@@ -7,7 +7,7 @@ Each job runs through an executor (:mod:`nitro_core.jobs.executor`): ``local`` w
 processes started from Nitro's own queue (:mod:`nitro_core.jobs.local`), or ``slurm``. A
 worker that ends starts the next queued job itself (``pump``), so the queue drains with no
 server or client attached. A new manager over the same root sees every earlier job; reading
-the job store, listings included, is :mod:`nitro_core.jobs.listing`.
+the job store, listings included, is :mod:`nitro_core.jobs.job_list`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from nitro_core.jobs.files import (
     write_json,
 )
 from nitro_core.jobs.index import IndexRow
-from nitro_core.jobs.listing import JobListing, jobs_listed
+from nitro_core.jobs.job_list import JobListing, jobs_listed
 from nitro_core.jobs.local import LocalExecutor, startable
 from nitro_core.store.manifest import now_iso
 

@@ -37,7 +37,7 @@ from nitro_core.errors import (
     UnsafePath,
     parts_to_json,
 )
-from nitro_core.jobs import ranks
+from nitro_core.jobs import rank_launch
 from nitro_core.jobs.call_models import AverageCall, TrainCall, ValidateCall
 from nitro_core.jobs.calls import nothing_to_train, spec_arguments
 from nitro_core.jobs.files import (
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--warm"]:
         return warm(0)
-    rank = args[:1] == ["--rank"]  # one rank of a several-process job (jobs.ranks)
+    rank = args[:1] == ["--rank"]  # one rank of a several-process job (jobs.rank_launch)
     directory = Path(args[1] if rank else args[0])
     spec = read_spec(directory)
     logging.basicConfig(
@@ -295,7 +295,7 @@ def _job_output(directory: Path) -> Iterator[None]:
 
 def _rank(spec: JobSpec, directory: Path, stop: _Stop) -> int:
     """One rank of a several-process train job (``python -m nitro_core.jobs.worker --rank
-    <job_dir>``, launched by :mod:`nitro_core.jobs.ranks`): rank 0 reports as a worker
+    <job_dir>``, launched by :mod:`nitro_core.jobs.rank_launch`): rank 0 reports as a worker
     does, the others train silently."""
     if int(os.environ.get("RANK", "0")) == 0:
         return _main(spec, directory, stop, rank0=True)
@@ -306,7 +306,7 @@ def _rank(spec: JobSpec, directory: Path, stop: _Stop) -> int:
 
 def _main(spec: JobSpec, directory: Path, stop: _Stop, rank0: bool = False) -> int:
     """Run the job and record its end. ``rank0``: this is rank 0 of a job's
-    ``torch.distributed.run`` (:mod:`nitro_core.jobs.ranks`): the worker that launched the
+    ``torch.distributed.run`` (:mod:`nitro_core.jobs.rank_launch`): the worker that launched the
     ranks keeps its pid in the status (a forced stop kills its whole process group)."""
     me = (
         update_status_if(directory, {"running"}, phase="starting")
@@ -523,7 +523,7 @@ def _run(
     if isinstance(call, TrainCall):
         if (call.nproc > 1 or call.nodes > 1) and not rank0 and report:
             stop.check()
-            ranks.launch(spec, directory)
+            rank_launch.launch(spec, directory)
             return None
         stop.check()
         return _train(spec, call, directory, stop, report)

@@ -39,10 +39,10 @@ from nitro_core.errors import (
 )
 from nitro_core.store import digest, objects, record_header
 from nitro_core.store.claims import refuse_existing
-from nitro_core.store.deletion import Doomed, Removed, RemovedFile
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point, parse_manifest
 from nitro_core.store.manifest_file import MANIFEST_NAME
 from nitro_core.store.objects import PART, Bucket, ObjectUrl, bucket
+from nitro_core.store.removal import Doomed, Removed, RemovedFile
 from nitro_core.store.shard_header import HEADER_NAME
 
 T = TypeVar("T")

@@ -5,7 +5,7 @@ implementation (DESIGN section 17).
 info, transfer, the gate and the CLI hold; none of them asks which medium it is.
 
 - :class:`LocalRun`: a directory on a disk (atomic rename, the manifest's journal, ``flock``):
-  :mod:`~nitro_core.store.manifest`, :mod:`~nitro_core.store.deletion`,
+  :mod:`~nitro_core.store.manifest`, :mod:`~nitro_core.store.removal`,
   :mod:`~nitro_core.store.claims`.
 - :class:`ObjectRun`: ``s3://bucket/prefix/run`` (conditional writes, immutable objects):
   :mod:`~nitro_core.store.object_run`, the commit protocol's object-store finalizer. Its
@@ -26,10 +26,10 @@ from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
 from nitro_core.errors import ConfigError, TrainingRefused
-from nitro_core.store import claims, deletion, digest, manifest, object_run, objects, record_header
-from nitro_core.store.deletion import Doomed, Removed
+from nitro_core.store import claims, digest, manifest, object_run, objects, record_header, removal
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point
 from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.removal import Doomed, Removed
 
 T = TypeVar("T")
 P = TypeVar("P", bound=Doomed)
@@ -275,7 +275,7 @@ class LocalRun(RunStore):
         manifest.compact(self.local)
 
     def remove(self, decide: Callable[[Manifest], P], dry_run: bool = True) -> tuple[P, Removed]:
-        return deletion.remove(self.local, decide, dry_run)
+        return removal.remove(self.local, decide, dry_run)
 
     def reclaim(self) -> list[tuple[str, int]]:
         return claims.reclaim_stale(self.local)

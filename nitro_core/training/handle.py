@@ -7,7 +7,7 @@ The handle owns its state and the order of the phases; what each phase makes is 
 as arguments or through a protocol of its public attributes: evaluation
 (:mod:`~nitro_core.training.evaluation`), records (:mod:`~nitro_core.training.snapshot`),
 restores (:mod:`~nitro_core.training.restore`), points (:mod:`~nitro_core.training.points`)
-and the refusals before training (:mod:`~nitro_core.training.refusals`).
+and the refusals before training (:mod:`~nitro_core.training.run_refusals`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from nitro_core.experiment import Experiment
 from nitro_core.state import rng
 from nitro_core.store import manifest
 from nitro_core.store.manifest import StopReason
-from nitro_core.training import build, ranking, refusals, setup, snapshot
+from nitro_core.training import build, ranking, run_refusals, setup, snapshot
 from nitro_core.training.evaluation import Evaluator
 from nitro_core.training.loop import StepHooks
 from nitro_core.training.plan import plan
@@ -199,13 +199,13 @@ class Nitro:
         writer = self._parts.writer
         with setup.run_lock(self.run_dir, self.run_id, self.dist.main) as mine:
             if not mine:
-                refusals.refuse_held(self.run_dir, self.run_id)
+                run_refusals.refuse_held(self.run_dir, self.run_id)
             if self.dist.main:
-                refusals.refuse_stale_point(
+                run_refusals.refuse_stale_point(
                     self.store.entries(),
                     self.run_dir, self.run_id, self.step, self.epoch,
                 )  # fmt: skip
-            refusals.refuse_spent_budget(self.budget, self.run_dir, self.run_id, self.step)
+            run_refusals.refuse_spent_budget(self.budget, self.run_dir, self.run_id, self.step)
             self.budget.start(self.step)
             # the first train() starts where setup left off (a mid-epoch resume: once the
             # train split is positioned)

@@ -2,12 +2,12 @@
 
 The commands come by family, one module each, as the tools do (:mod:`nitro_mcp.tools`):
 
-- :mod:`~nitro_mcp.cli.serving`: ``serve`` (the MCP server), ``demo``, ``schemas``
-- :mod:`~nitro_mcp.cli.training`: ``train``, ``validate``, ``average`` (in this process)
-- :mod:`~nitro_mcp.cli.jobs`: ``jobs``, ``status``, ``stop`` (the server's jobs)
-- :mod:`~nitro_mcp.cli.records`: ``runs``, ``manifest``, ``info``, ``verify``, ``experiments``, ``push``
-- :mod:`~nitro_mcp.cli.observing`: ``history``, ``plot``, ``compare``
-- :mod:`~nitro_mcp.cli.lifecycle`: ``delete``, ``export``
+- :mod:`~nitro_mcp.cli.serving_commands`: ``serve`` (the MCP server), ``demo``, ``schemas``
+- :mod:`~nitro_mcp.cli.training_commands`: ``train``, ``validate``, ``average`` (in this process)
+- :mod:`~nitro_mcp.cli.job_commands`: ``jobs``, ``status``, ``stop`` (the server's jobs)
+- :mod:`~nitro_mcp.cli.record_commands`: ``runs``, ``manifest``, ``info``, ``verify``, ``experiments``, ``push``
+- :mod:`~nitro_mcp.cli.observing_commands`: ``history``, ``plot``, ``compare``
+- :mod:`~nitro_mcp.cli.lifecycle_commands`: ``delete``, ``export``
 
 Each calls the function its tool calls, prints lines for a person or with ``--json`` the
 tool's data, and writes errors on stderr, a ``NitroError`` in the terminal's own spelling
@@ -26,11 +26,25 @@ from pydantic import ValidationError
 
 from nitro_core._version import __version__
 from nitro_core.errors import NitroError
-from nitro_mcp.cli import jobs, lifecycle, observing, records, serving, training
+from nitro_mcp.cli import (
+    job_commands,
+    lifecycle_commands,
+    observing_commands,
+    record_commands,
+    serving_commands,
+    training_commands,
+)
 from nitro_mcp.cli.common import FAILED, REFUSED, Handler, refused, say
 from nitro_mcp.terminal import for_terminal
 
-FAMILIES = (serving, training, jobs, records, observing, lifecycle)  # the order of --help
+FAMILIES = (  # the order of --help
+    serving_commands,
+    training_commands,
+    job_commands,
+    record_commands,
+    observing_commands,
+    lifecycle_commands,
+)
 
 
 def _parser() -> argparse.ArgumentParser:

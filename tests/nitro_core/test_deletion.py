@@ -17,7 +17,7 @@ from nitro_core import (
     delete_checkpoints,
     read_manifest,
 )
-from nitro_core.policy.deletion import plan_deletion
+from nitro_core.policy.deletion_plan import plan_deletion
 from nitro_core.store import manifest
 from nitro_core.store import recordio as store
 from nitro_core.store.manifest import ManifestEntry, Point

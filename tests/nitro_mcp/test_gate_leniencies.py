@@ -14,7 +14,7 @@ from mcp import Client
 
 from nitro_core import Nitro, read_manifest
 from nitro_core.examples import Regression
-from nitro_core.jobs.ranks import process_limit
+from nitro_core.jobs.rank_launch import process_limit
 from nitro_mcp.cli import main as cli
 from nitro_mcp.server import build_server
 

@@ -16,7 +16,7 @@ from mcp import Client
 from nitro_core import Nitro, read_manifest
 from nitro_core.examples import Regression
 from nitro_mcp.server import build_server
-from nitro_mcp.tools import records
+from nitro_mcp.tools import record_tools
 
 from .conftest import call
 
@@ -247,7 +247,7 @@ def test_a_file_system_error_the_checks_missed_is_still_an_actionable_tool_error
     def broken_disk(gate, run_dir, *page):
         raise OSError(errno.EIO, "Input/output error", str(tmp_path / "runs" / ("r" * 200)))
 
-    monkeypatch.setattr(records, "runs", broken_disk)
+    monkeypatch.setattr(record_tools, "runs", broken_disk)
 
     async def main():
         async with Client(build_server(tmp_path)) as client:

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 from mcp import Client
 
-from nitro_core.jobs import JobManager, listing, local, manager
+from nitro_core.jobs import JobManager, job_list, local, manager
 from nitro_core.jobs.call_models import TrainCall
 from nitro_core.jobs.files import JobSpec, JobStatus
 from nitro_core.jobs.index import INDEX_NAME
@@ -49,7 +49,7 @@ class Reads:
             self.count += 1
             return real(directory)
 
-        for module in (manager, listing, local):  # every module the manager reads through
+        for module in (manager, job_list, local):  # every module the manager reads through
             monkeypatch.setattr(module, "read_status", counted)
 
 

@@ -115,7 +115,7 @@ def test_a_job_directory_link_is_skipped_when_listing_and_refused_by_name(layout
     root, outside = layout
     jobs, job_id, _ = queued(root)
     (root / ".nitro" / "jobs" / "j1").symlink_to(outside / "jobs" / "j1")
-    with caplog.at_level(logging.DEBUG, logger="nitro_core.jobs.listing"):
+    with caplog.at_level(logging.DEBUG, logger="nitro_core.jobs.job_list"):
         assert [s.job_id for s in jobs.list()] == [job_id]
     assert "skipping j1 in the job store: it is a symbolic link" in caplog.messages
     with pytest.raises(UnsafePath) as exc:
