@@ -37,8 +37,7 @@ from nitro_core.errors import (
     Lister,
     ObjectStoreError,
 )
-from nitro_core.store import digest, objects, record_header
-from nitro_core.store.claims import refuse_existing
+from nitro_core.store import digest, record_header
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point, parse_manifest
 from nitro_core.store.manifest_file import MANIFEST_NAME
 from nitro_core.store.objects import PART, Bucket, ObjectUrl, bucket
@@ -208,25 +207,6 @@ def put_new(url: ObjectUrl, local: Path, what: str) -> None:
             f"{what} {str(url)!r} was created by another writer meanwhile; Nitro never "
             "overwrites an object. Choose a new name."
         )
-
-
-def write_new(target: str | Path, what: str, write: Callable[[Path], None]) -> str:
-    """Write a new file at ``target``, a local path or an ``s3://`` object, by calling
-    ``write(path)``: locally at ``target``; for an object in a private temporary directory,
-    then :func:`put_new`. Refused before anything is written when ``target`` exists (or
-    names no ``.safetensors`` file). Returns ``target`` as written (the URL, or the path)."""
-    if not objects.is_url(target):
-        path = Path(target)
-        refuse_existing(path, what)
-        write(path)
-        return str(path)
-    url = objects.parse(str(target), what.split()[0].rstrip("="))
-    refuse_taken(url, what)
-    with tempfile.TemporaryDirectory(prefix="nitro-put-") as tmp:
-        local = Path(tmp) / url.name
-        write(local)
-        put_new(url, local, what)
-    return str(url)
 
 
 def _upload_directory(run: ObjectUrl, local: Path, name: str, run_id: str) -> str:
@@ -441,19 +421,6 @@ def _twin(entries: list[ManifestEntry], entry: ManifestEntry) -> ManifestEntry |
         ),
         None,
     )
-
-
-def delete_unlisted(run: ObjectUrl, files: set[str]) -> None:
-    """Unlist ``files`` in one commit, then delete their objects."""
-
-    def change(state: Manifest) -> set[str]:
-        gone = {e.file for e in state.entries if e.file in files}
-        state.entries = [e for e in state.entries if e.file not in files]
-        return gone
-
-    store = bucket(run)
-    for file in sorted(commit(run, change)):
-        _forget(store, run.child(file))
 
 
 P = TypeVar("P", bound="Doomed")
@@ -691,7 +658,6 @@ __all__ = [
     "ATTEMPTS",
     "Listed",
     "commit",
-    "delete_unlisted",
     "fetch",
     "listed",
     "fetch_directory",
@@ -711,5 +677,4 @@ __all__ = [
     "seal_directory",
     "upload",
     "upload_shard",
-    "write_new",
 ]

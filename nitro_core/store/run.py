@@ -46,7 +46,7 @@ def point_of(entry: ManifestEntry) -> Point:
 
 class RunStore(ABC):
     """A run directory: its manifest, commits to it, its records published, fetched and
-    removed, names claimed, its lock, and its leftovers reclaimed."""
+    removed, names claimed, and its lock."""
 
     local: Path  # where this process reads and writes the run's records and logs
     shown: PurePath  # the run directory as messages and replies name it
@@ -178,10 +178,6 @@ class RunStore(ABC):
         """Decide from the manifest, then (unless ``dry_run``) unlist the plan's entries and
         the points of its whole runs, and delete their files."""
 
-    @abstractmethod
-    def reclaim(self) -> list[tuple[str, int]]:
-        """Remove what killed writes left that no manifest lists; (name, bytes) of each."""
-
 
 class LocalRun(RunStore):
     """A run directory on a disk."""
@@ -276,9 +272,6 @@ class LocalRun(RunStore):
 
     def remove(self, decide: Callable[[Manifest], P], dry_run: bool = True) -> tuple[P, Removed]:
         return removal.remove(self.local, decide, dry_run)
-
-    def reclaim(self) -> list[tuple[str, int]]:
-        return claims.reclaim_stale(self.local)
 
 
 class ObjectRun(RunStore):
@@ -399,9 +392,6 @@ class ObjectRun(RunStore):
 
     def remove(self, decide: Callable[[Manifest], P], dry_run: bool = True) -> tuple[P, Removed]:
         return object_run.remove(self.url, decide, dry_run)
-
-    def reclaim(self) -> list[tuple[str, int]]:
-        return claims.reclaim_stale(self.local)  # the staging directory's; objects: verify
 
 
 def open_run(where: str | Path | RunStore) -> RunStore:
