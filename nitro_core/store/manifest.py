@@ -225,6 +225,14 @@ class Manifest(BaseModel):
 _MANIFEST = TypeAdapter(Manifest)
 
 
+def point_of(entry: ManifestEntry) -> Point:
+    """The point a record was written at, as a run's history keeps it."""
+    return Point(
+        epoch=entry.epoch, batch=entry.batch, step=entry.step, score=entry.score,
+        metric=entry.metric, mode=entry.mode,
+    )  # fmt: skip
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 

@@ -38,7 +38,7 @@ from nitro_core.errors import (
     ObjectStoreError,
 )
 from nitro_core.store import digest, record_header
-from nitro_core.store.manifest import Manifest, ManifestEntry, Point, parse_manifest
+from nitro_core.store.manifest import Manifest, ManifestEntry, parse_manifest, point_of
 from nitro_core.store.manifest_file import MANIFEST_NAME
 from nitro_core.store.objects import PART, Bucket, ObjectUrl, bucket
 from nitro_core.store.removal import Doomed, Removed, RemovedFile
@@ -385,7 +385,7 @@ def list_entry(
             return {name}, twin  # listed already under another name: this upload is redundant
         if not _lists(state.entries, entry):  # a retry after a replace whose answer was lost
             state.entries.append(entry)
-            state.add_point(entry.run, _point(entry))
+            state.add_point(entry.run, point_of(entry))
         doomed = retention(state.entries) if retention is not None else set()
         state.entries = [e for e in state.entries if e.file not in doomed]
         return doomed, None
@@ -488,13 +488,6 @@ def _forget(store: Bucket, url: ObjectUrl) -> bool:
     except (ObjectStoreError, ConfigError):
         return False
     return True
-
-
-def _point(entry: ManifestEntry) -> Point:
-    return Point(
-        epoch=entry.epoch, batch=entry.batch, step=entry.step, score=entry.score,
-        metric=entry.metric, mode=entry.mode,
-    )  # fmt: skip
 
 
 # -- reads ------------------------------------------------------------------------------------

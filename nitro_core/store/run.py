@@ -27,21 +27,13 @@ from typing import Any, TypeVar
 
 from nitro_core.errors import ConfigError, TrainingRefused
 from nitro_core.store import claims, digest, manifest, object_run, objects, record_header, removal
-from nitro_core.store.manifest import Manifest, ManifestEntry, Point
+from nitro_core.store.manifest import Manifest, ManifestEntry, Point, point_of
 from nitro_core.store.objects import ObjectUrl
 from nitro_core.store.removal import Doomed, Removed
 
 T = TypeVar("T")
 P = TypeVar("P", bound=Doomed)
 Retention = Callable[[list[ManifestEntry]], set[str]]  # entries -> the files it unlists
-
-
-def point_of(entry: ManifestEntry) -> Point:
-    """The point a record was written at, as a run's history keeps it."""
-    return Point(
-        epoch=entry.epoch, batch=entry.batch, step=entry.step, score=entry.score,
-        metric=entry.metric, mode=entry.mode,
-    )  # fmt: skip
 
 
 class RunStore(ABC):
@@ -410,5 +402,4 @@ __all__ = [
     "Retention",
     "RunStore",
     "open_run",
-    "point_of",
 ]

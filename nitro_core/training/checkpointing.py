@@ -41,8 +41,8 @@ from nitro_core.state import records
 from nitro_core.state.hostcopy import HostCopier
 from nitro_core.store import digest, manifest
 from nitro_core.store import recordio as store
-from nitro_core.store.manifest import ManifestEntry, StopReason
-from nitro_core.store.run import RunStore, point_of
+from nitro_core.store.manifest import ManifestEntry, StopReason, point_of
+from nitro_core.store.run import RunStore
 from nitro_core.training.distributed import Dist
 
 log = logging.getLogger(__name__)

@@ -218,11 +218,8 @@ def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
     name = type(n.experiment).__name__
     if source.averaged() is not None:
         return load_average(n, source, entries)
-    home, named = lookup.home_of(source, n.store)
-    if home != n.store or lookup.named_entry(named, home) is not None:  # listed by name
-        resolved = lookup.resolve_at(source, home, copy=False)
-    else:
-        resolved = resolve(source, n.run_dir, entries, n.ranking.pair, shown=str(n.store))
+    home, _ = lookup.home_of(source, n.store)  # a record named by its URL: its own run
+    resolved = lookup.resolve_at(source, n.store, n.ranking.pair, copy=False)
     sections = None if opts.restore_optimizer else WEIGHTS  # optimizer bytes: unread
     rec = read(lookup.copied(home, resolved, sections), sections)
     warn_config_changed(rec.meta, n, str(resolved.path))
