@@ -8,6 +8,7 @@ checked at setup by :func:`check_required_hooks`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar
 
@@ -226,8 +227,21 @@ def changed_fields(parent: Mapping[str, Any], child: Mapping[str, Any]) -> dict[
     return {
         name: [parent.get(name), child.get(name)]
         for name in [*parent, *(n for n in child if n not in parent)]
-        if name not in parent or name not in child or parent[name] != child[name]
+        if name not in parent or name not in child or not same_value(parent[name], child[name])
     }
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two config values are equal as the config's JSON says: ``==``, but NaN equal
+    to NaN (``float('nan') != float('nan')``, while both are the JSON ``NaN`` a record keeps),
+    in lists and dicts too."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 def config_diff(recorded: Mapping[str, Any], exp: Experiment) -> list[str]:
@@ -252,7 +266,7 @@ def config_diff(recorded: Mapping[str, Any], exp: Experiment) -> list[str]:
                     f"  {name}: (not in the record; compatible only at its default "
                     f"{default!r}) -> {current[name]!r}"
                 )
-        elif recorded[name] != current[name]:
+        elif not same_value(recorded[name], current[name]):
             lines.append(f"  {name}: {recorded[name]!r} -> {current[name]!r}")
     for name in sorted(set(recorded) - set(cls.model_fields)):
         lines.append(f"  {name}: {recorded[name]!r} -> (field removed)")

@@ -4,11 +4,17 @@ whether the next point would land past it; if so the run stops here, at the last
 within the budget, with ``stop_reason="budget"`` on the record it writes, so
 ``resume="auto"`` continues it exactly.
 
-The next point is estimated from the run's own points: its step and its time lie at most
-the largest gap between two points seen so far (from the start of ``train()`` for the
-first) after this one, and the time margin adds a quarter of that gap for the write and the
-scheduler's slack. Decide only: the handle agrees on the answer across ranks (their clocks
-differ) and stops.
+``max_steps`` is the run's total, across resumes, as ``max_epochs`` is: a resume (a re-sent
+call, a group's or a Slurm job's) with the same budget trains nothing past it. Where the
+train split has a length, the next point's step is known exactly (:func:`next_point`: the
+next multiple of ``every_steps`` inside the epoch, else the epoch's end), so the run takes
+the last point inside the budget, and a resume whose next point lies past it is refused
+before a step. A split without a length falls back to an estimate: the next point lies at
+most the largest gap between two points seen so far after this one. The time budget is
+always estimated that way: the next point's time lies at most the largest gap seen (from
+the start of ``train()`` for the first) after this one, plus a quarter of it for the write
+and the scheduler's slack. Decide only: the handle agrees on the answer across ranks (their
+clocks differ) and stops.
 """
 
 from __future__ import annotations
@@ -71,13 +77,15 @@ class Budget:
         self._last = (step, self._began)
         self._gap = (0, 0.0)
 
-    def spent(self, step: int) -> bool:
-        """At the point of ``step``: whether the next point would pass the budget."""
+    def spent(self, step: int, next_step: int | None = None) -> bool:
+        """At the point of ``step``: whether the next point (at ``next_step`` when known)
+        would pass the budget."""
         now = self.clock()
         last_step, last_time = self._last
         self._gap = (max(self._gap[0], step - last_step), max(self._gap[1], now - last_time))
         self._last = (step, now)
-        if self.max_steps is not None and step + self._gap[0] > self.max_steps:
+        ahead = next_step if next_step is not None else step + self._gap[0]
+        if self.max_steps is not None and ahead > self.max_steps:
             return True
         if self.time_limit is not None:
             return (now - self._began) + SLACK * self._gap[1] > self.time_limit
@@ -86,3 +94,23 @@ class Budget:
     def left(self, step: int) -> bool:
         """Whether a run at ``step`` has any step of its budget left."""
         return self.max_steps is None or step < self.max_steps
+
+
+def next_point(
+    step: int, done: int, total: int | None, accumulate: int, every: int | None
+) -> int | None:
+    """The step of the first checkpoint point after ``step``, ``done`` batches into an epoch
+    of ``total`` (``done == total``: at its end, so the next epoch's), with ``accumulate``
+    batches per optimizer step and a mid-epoch point every ``every`` steps; None when the
+    split has no length. A mid-epoch point never falls on the epoch's last step: the end is
+    the point there (as the loop decides)."""
+    if total is None or total <= 0:
+        return None
+    if done >= total:
+        done = 0
+    end = step + -(-(total - done) // accumulate)  # the short last window steps too
+    if every:
+        mid = (step // every + 1) * every
+        if mid < end:
+            return mid
+    return end

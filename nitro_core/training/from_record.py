@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
 from nitro_core.errors import NitroWarning
-from nitro_core.experiment import Experiment, config_of
+from nitro_core.experiment import Experiment, config_of, same_value
 from nitro_core.sources.lookup import header_in
 
 E = TypeVar("E", bound=Experiment)
@@ -74,7 +74,7 @@ def build_from_config(
     exp = cls(**{**_from_json(cls, config), **overrides})  # a bad override raises ConfigError
     built = config_of(exp)
     for field in overrides:
-        if field in config and config[field] != built[field]:
+        if field in config and not same_value(config[field], built[field]):
             notes.append(
                 f"overrides change {field}: {config[field]!r} (record) -> {built[field]!r} (call)"
             )

@@ -22,12 +22,14 @@ from typing import Any
 import torch
 
 from nitro_core.experiment import Experiment
+from nitro_core.sources import lookup
 from nitro_core.state import rng
 from nitro_core.store import manifest
 from nitro_core.store.manifest import StopReason
 from nitro_core.training import build, ranking, run_refusals, setup, snapshot
+from nitro_core.training.budget import next_point
 from nitro_core.training.evaluation import Evaluator
-from nitro_core.training.loop import StepHooks
+from nitro_core.training.loop import StepHooks, epoch_length
 from nitro_core.training.plan import plan
 from nitro_core.training.points import Parts, Resumption, next_epoch, run_epoch
 from nitro_core.training.progress import Listener, Progress
@@ -100,7 +102,10 @@ class Nitro:
         point = self.plan.fetched_point()
         self.seed, self.run_id, self.parent = build.name_run(point, seed, experiment, place)
         self.parent_diff = build.resume_lineage(point, experiment)
-        self.checkpoint_source: Path | None = point.path if point else None
+        # the record loaded, as its run directory names it (on object storage its URL)
+        self.checkpoint_source: Path | str | None = (
+            lookup.shown_record(self.store, point.path) if point else None
+        )
         self.averaged_from: dict[str, Any] | None = None
         # build everything from the seed
         rng.seed_everything(self.seed)
@@ -205,7 +210,9 @@ class Nitro:
                     self.store.entries(),
                     self.run_dir, self.run_id, self.step, self.epoch,
                 )  # fmt: skip
-            run_refusals.refuse_spent_budget(self.budget, self.run_dir, self.run_id, self.step)
+            run_refusals.refuse_spent_budget(
+                self.budget, self.run_dir, self.run_id, self.step, self._next_point()
+            )  # fmt: skip
             self.budget.start(self.step)
             # the first train() starts where setup left off (a mid-epoch resume: once the
             # train split is positioned)
@@ -247,12 +254,13 @@ class Nitro:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _decide_stop(self, metrics: dict[str, float]) -> StopReason | None:
+    def _decide_stop(self, metrics: dict[str, float], next_step: int | None) -> StopReason | None:
         monitor = self.ranking.monitor
         value = metrics.get(monitor[0]) if monitor and metrics else None
         early = False
         requested = self.dist.any(self._stop.is_set())  # every rank stops at the same point
-        budget = self.budget.active and self.dist.any(self.budget.spent(self.step))  # clocks differ
+        spent = self.budget.active and self.budget.spent(self.step, next_step)
+        budget = self.budget.active and self.dist.any(spent)  # clocks differ
         if value is not None:
             if self.plateau is not None:
                 self.plateau.step(value)
@@ -267,6 +275,17 @@ class Nitro:
         if budget:
             return "budget"
         return None
+
+    def _next_point(self) -> int | None:
+        """The step of the first point the next ``train()`` reaches (None: not known)."""
+        if self.epoch >= self.experiment.max_epochs and self._resumption.position is None:
+            return None  # a completed run trains nothing
+        at = self._resumption.position
+        total = epoch_length(self.data["train"])
+        every = self.checkpointer.every_steps if self.checkpointer is not None else None
+        accumulate = self.stepper.accumulate if self.stepper is not None else 1
+        done = at.batch if at is not None else (total or 0)
+        return next_point(self.step, done, total, accumulate, every)
 
     def request_stop(self) -> None:
         """Stop at the next checkpoint point (the epoch's end, or with ``every_steps`` the

@@ -24,7 +24,7 @@ from nitro_core.experiment import Experiment
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.state import ranks, records, rng
 from nitro_core.store.manifest import StopReason
-from nitro_core.training import position, ranking, setup, sharding
+from nitro_core.training import budget, position, ranking, setup, sharding
 from nitro_core.training.checkpointing import RecordWriter
 from nitro_core.training.distributed import Dist
 from nitro_core.training.loggers import Logger
@@ -77,7 +77,7 @@ class Parts:
     forward_model: torch.nn.Module  # training's forward passes (DDP's wrapper, compiled)
     writer: RecordWriter | None  # None: the experiment keeps no checkpoints
     progress: Progress
-    decide_stop: Callable[[dict[str, float]], StopReason | None]
+    decide_stop: Callable[[dict[str, float], int | None], StopReason | None]  # (metrics, next)
     snapshot: Callable[[], records.Snapshot]  # the handle's record snapshot
 
 
@@ -168,7 +168,11 @@ def point(
     if metrics:
         name = type(n.experiment).__name__
         ranking.check_metrics(name, metrics, n.ranking, epoch.number, batch, step)
-    n.stop_reason = parts.decide_stop(metrics)
+    accumulate = n.stepper.accumulate if n.stepper is not None else 1
+    every = n.checkpointer.every_steps if n.checkpointer is not None else None
+    done = epoch.total if end else cursor.batches
+    ahead = budget.next_point(step, done or 0, epoch.total, accumulate, every)
+    n.stop_reason = parts.decide_stop(metrics, ahead)
     # log, then checkpoint (the record holds the logger's offset after this row)
     row: dict[str, Any] = {"epoch": epoch.number}
     if batch is not None:

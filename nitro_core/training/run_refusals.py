@@ -41,11 +41,22 @@ def refuse_stale_point(
         )
 
 
-def refuse_spent_budget(budget: Budget, run_dir: Path, run_id: str, step: int) -> None:
-    """Refuse to train a run whose ``max_steps`` it has reached already."""
+def refuse_spent_budget(
+    budget: Budget, run_dir: Path, run_id: str, step: int, next_step: int | None = None
+) -> None:
+    """Refuse to train a run whose ``max_steps`` it has reached already, or whose next
+    checkpoint point (at ``next_step``, when known) lies past it: ``max_steps`` is the run's
+    total, so a resume with the same budget trains nothing past it."""
     if not budget.left(step):
         raise TrainingRefused(
             f"Run {run_id} in {str(run_dir)!r} is at step {step}, and "
             f"max_steps={budget.max_steps} leaves no step to train. Raise max_steps "
             f"above {step} (it counts the run's steps from its start), or leave it out."
+        )
+    if budget.max_steps is not None and next_step is not None and next_step > budget.max_steps:
+        raise TrainingRefused(
+            f"Run {run_id} in {str(run_dir)!r} is at step {step}, its last checkpoint point "
+            f"within max_steps={budget.max_steps}: the next point is at step {next_step}. "
+            f"Raise max_steps to {next_step} or more (it counts the run's steps from its "
+            "start), or leave it out."
         )

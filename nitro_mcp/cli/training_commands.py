@@ -134,12 +134,21 @@ def _overrides(items: list[str]) -> dict[str, Any]:
     return overrides
 
 
+def train_call(args: argparse.Namespace) -> TrainCall:
+    """The one ``TrainCall`` that ``nitro train``'s options spell, whichever executor runs
+    it: in this process, on ``--nproc`` ranks or submitted to Slurm (``--set`` overrides
+    included: they are the call's ``overrides``, as the tool's and the API's)."""
+    slurm = json.loads(args.slurm) if isinstance(args.slurm, str) else args.slurm
+    return _call(TrainCall, args, experiment=args.experiment, run_dir=args.run_dir,
+                 overrides=_overrides(args.set), slurm=slurm)  # fmt: skip
+
+
 def _train(args: argparse.Namespace) -> int:
     from nitro_core import Nitro  # lazy
+    from nitro_core.registry import load_registry, lookup  # lazy
 
     try:
-        slurm = json.loads(args.slurm) if isinstance(args.slurm, str) else args.slurm
-        call = _call(TrainCall, args, experiment=args.experiment, run_dir=args.run_dir, slurm=slurm)
+        call = train_call(args)
     except json.JSONDecodeError as exc:
         say(f"nitro train: --slurm {args.slurm!r} is not JSON ({exc.msg}); write e.g. "
             """--slurm '{"partition": "debug"}'.""")  # fmt: skip
@@ -161,7 +170,8 @@ def _train(args: argparse.Namespace) -> int:
             return REFUSED
         return _launch_ranks(call.nproc, args.argv)  # launch the ranks, each running this
 
-    n = Nitro(_experiment(args), **call.nitro_kwargs())
+    cls = lookup(load_registry(args.experiment_module), call.experiment)
+    n = Nitro(cls(**call.overrides), **call.nitro_kwargs())
     main_rank = int(os.environ.get("RANK", "0")) == 0  # rank 0 prints for the job
 
     def on_epoch(row: dict[str, Any]) -> None:
@@ -260,4 +270,4 @@ def _average(args: argparse.Namespace) -> int:
     return OK
 
 
-__all__ = ["add", "cli_errors", "experiment_args"]
+__all__ = ["add", "cli_errors", "experiment_args", "train_call"]

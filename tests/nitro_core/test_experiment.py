@@ -11,9 +11,10 @@ from nitro_core import (
     Host,
     MissingHookError,
     Nitro,
+    read_manifest,
 )
 from nitro_core.examples import Classifier, Regression
-from nitro_core.experiment import changed_fields, config_diff, host_fields
+from nitro_core.experiment import changed_fields, config_diff, config_of, host_fields
 
 from .tiny import Tiny
 
@@ -114,3 +115,28 @@ def test_changed_fields_names_every_changed_added_and_removed_field_host_ones_to
         "lr": [0.01, 0.05], "max_epochs": [2, 3], "gone": ["x", None], "new": [None, [1, 2]],
     }  # fmt: skip
     assert changed_fields(parent, dict(parent)) == {}
+
+
+class _WithNaN(Regression):
+    """A config field that holds NaN (a sentinel some configs use for "unset")."""
+
+    nan_value: list[float] = [float("nan"), float("nan")]
+    clip: float = float("nan")
+
+
+def test_an_unchanged_nan_field_is_not_in_parent_diff_nor_a_resume_refusal(tmp_path):
+    """NaN compares equal to NaN as the config's JSON says: a branch that changed only
+    max_epochs reports only max_epochs (it once reported ``nan_value: [NaN, NaN]`` changed),
+    and a continued run with the same NaN fields is not refused."""
+    run = tmp_path / "runs/nan"
+    Nitro(_WithNaN(max_epochs=1, samples=64), run_dir=run).train().close()
+    n = Nitro(_WithNaN(max_epochs=2, samples=64), run_dir=tmp_path / "runs/branch",
+              resume=str(run / read_manifest(run)[-1].file))  # fmt: skip
+    assert n.parent_diff == {"max_epochs": [1, 2]}
+    n.close()
+    again = Nitro(_WithNaN(max_epochs=2, samples=64), run_dir=run, resume="auto").train()
+    assert again.epoch == 2
+    again.close()
+    assert config_diff({**config_of(_WithNaN()), "clip": 1.0}, _WithNaN()) == ["  clip: 1.0 -> nan"]
+    assert changed_fields({"a": [1.0, float("nan")]}, {"a": [1.0, float("nan")]}) == {}
+    assert changed_fields({"a": {"b": float("nan")}}, {"a": {"b": 0.5}}) != {}

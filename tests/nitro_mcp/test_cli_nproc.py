@@ -36,3 +36,23 @@ def test_nproc_two_trains_on_two_ranks_and_rank_0_alone_prints(tmp_path):
     entries = read_manifest(tmp_path / "run")
     meta = store.read_header(tmp_path / "run" / entries[-1].file)
     assert meta["distributed"] == {"world": 2, "strategy": "ddp"}
+
+
+def _train_call(*argv: str):
+    from nitro_mcp.cli import _build
+    from nitro_mcp.cli.training_commands import train_call
+
+    args = _build()[0].parse_args(["train", *argv])
+    return train_call(args)
+
+
+@pytest.mark.parametrize(
+    "executor",
+    [[], ["--executor", "local"], ["--executor", "slurm"], ["--nproc", "2"],
+     ["--executor", "slurm", "--nodes", "2", "--slurm", '{"partition": "debug"}']],
+)  # fmt: skip
+def test_every_executor_path_builds_one_train_call_that_carries_the_set_overrides(executor):
+    """``--set`` is the call's ``overrides`` whichever executor runs it: the Slurm branch once
+    submitted ``overrides: {}`` and trained the class defaults (issue 34)."""
+    call = _train_call("Regression", "--set", "max_epochs=2", "--set", "samples=64", *executor)
+    assert call.overrides == {"max_epochs": 2, "samples": 64}

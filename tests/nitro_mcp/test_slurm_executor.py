@@ -414,3 +414,22 @@ def test_nitro_serve_executor_slurm_sets_the_default_executor_and_partition(clus
     assert not (tmp_path / ".nitro" / "jobs").exists() or not any(
         (tmp_path / ".nitro" / "jobs").iterdir()
     )
+
+
+def test_nitro_train_executor_slurm_submits_the_set_overrides_and_trains_them(cluster, tmp_path):
+    """``nitro train ... --executor slurm --set F=V`` submits the call the tool would: the
+    job's spec holds the overrides and the run trains them (it once submitted ``{}``, trained
+    the class defaults and reported ``succeeded``)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nitro_mcp.cli", "train", "Regression", "--executor", "slurm",
+         "--set", "max_epochs=1", "--set", "samples=64"],
+        cwd=tmp_path, env={**os.environ, **cluster.environment()}, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    end = json.loads(done.stdout.splitlines()[-1])
+    assert end["state"] == "succeeded", end
+    spec = json.loads((job_dir(tmp_path, end["job_id"]) / "spec.json").read_text())
+    assert spec["call"]["overrides"] == {"max_epochs": 1, "samples": 64}, spec
+    entries = read_manifest(tmp_path / "runs" / "Regression")
+    assert [e.epoch for e in entries][-1] == 1  # not the class default's epochs

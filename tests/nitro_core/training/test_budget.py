@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from nitro_core import ConfigError, Nitro, TrainingRefused, read_manifest
-from nitro_core.training.budget import Budget
+from nitro_core.training.budget import Budget, next_point
 from tests.nitro_core.training.test_resume import assert_same_state
 
 from ..steps import Steps
@@ -119,3 +119,47 @@ def test_a_bad_budget_is_refused_before_anything_is_built(tmp_path, keyword, val
         Nitro(KeepLast(), run_dir=tmp_path, **{keyword: value})
     assert str(raised.value) == text
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_the_next_point_is_known_from_the_epoch_length_and_every_steps():
+    # Steps' defaults: 8 batches an epoch, a point every 3 steps: 3, 6, 8 | 9, 12, 15, 16
+    assert next_point(0, 0, 8, 1, 3) == 3
+    assert next_point(6, 6, 8, 1, 3) == 8  # the end, not 9: no mid-epoch point past it
+    assert next_point(8, 8, 8, 1, 3) == 9  # at the end: the next epoch's first point
+    assert next_point(15, 7, 8, 1, 3) == 16
+    assert next_point(4, 4, 4, 1, None) == 8  # epoch ends only
+    assert next_point(2, 4, 8, 2, 3) == 3  # two batches a step: 4 steps an epoch
+    assert next_point(3, 6, 7, 2, 3) == 4  # a short last window steps too
+    assert next_point(5, 5, None, 1, 3) is None  # a split without a length: estimated
+
+
+def test_max_steps_takes_the_epoch_end_point_inside_the_budget(tmp_path):
+    """The point at the epoch's end (step 8) is within max_steps=8: the run stops there, not
+    at step 6 because the points were 3 steps apart."""
+    b = Nitro(Steps(max_epochs=2), run_dir=tmp_path / "b", max_steps=8).train()
+    assert (b.epoch, b.step, b.batch, b.stop_reason) == (1, 8, None, "budget")
+
+
+def test_a_resume_with_the_same_max_steps_trains_nothing_past_it(tmp_path):
+    """max_steps is the run's total across resumes: a re-sent call with the same budget is
+    refused before a step (it once trained from 9 to 12 past max_steps=10), nothing on disk
+    changes, and a raised budget continues it bit for bit."""
+    exp = Steps(max_epochs=2)
+    a = Nitro(exp, run_dir=tmp_path / "a").train()
+    b = Nitro(exp, run_dir=tmp_path / "b", max_steps=10).train()
+    assert (b.step, b.stop_reason) == (9, "budget")
+    before = read_manifest(tmp_path / "b")
+    again = Nitro(exp, run_dir=tmp_path / "b", resume="auto", max_steps=10)
+    with pytest.raises(TrainingRefused) as raised:
+        again.train()
+    assert str(raised.value) == (
+        f"Run {b.run_id} in {str(tmp_path / 'b')!r} is at step 9, its last checkpoint point "
+        "within max_steps=10: the next point is at step 12. Raise max_steps to 12 or more (it "
+        "counts the run's steps from its start), or leave it out."
+    )
+    assert read_manifest(tmp_path / "b") == before and again.step == 9
+    c = Nitro(exp, run_dir=tmp_path / "b", resume="auto", max_steps=12).train()
+    assert (c.step, c.stop_reason) == (12, "budget")
+    d = Nitro(exp, run_dir=tmp_path / "b", resume="auto").train()
+    assert d.stop_reason == "completed"
+    assert_same_state(a, d)
