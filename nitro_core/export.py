@@ -12,7 +12,14 @@ import torch
 
 from nitro_core.averaging import average
 from nitro_core.sources.grammar import to_source
-from nitro_core.sources.lookup import copied, home_of, resolve_at, run_of, weights_copies
+from nitro_core.sources.lookup import (
+    copied,
+    home_of,
+    resolve_at,
+    run_of,
+    shown_record,
+    weights_copies,
+)
 from nitro_core.state.loading import WEIGHTS, read
 from nitro_core.state.records import FORMAT_VERSION, framework_version, model_layout, to_host
 from nitro_core.store import recordio as store
@@ -30,8 +37,12 @@ class Exportable(Protocol):
     seed: int
     epoch: int
     step: int
-    checkpoint_source: Path | None
+    batch: int | None
+    history: list[dict[str, Any]]  # a row per point it trained through
+    store: Any  # its run directory (a RunStore)
+    checkpoint_source: Path | str | None
     averaged_from: dict[str, Any] | None
+    held: Any  # what restore_best left in the model (training.restore.Held), or None
 
 
 def export_weights(
@@ -67,18 +78,36 @@ def weights_of(
     second argument) name the caller in a refusal (``export_weights``, ``export_hf``)."""
     if isinstance(nitro_or_source, Exportable):
         n = nitro_or_source
+        source, run, epoch, step = _held(n)
         provenance = {
-            "source_file": str(n.checkpoint_source) if n.checkpoint_source else None,
+            "source_file": str(source) if source else None,
             "averaged_from": n.averaged_from,
             "experiment": type(n.experiment).__qualname__,
             "config": n.experiment.model_dump(mode="json"),
             "seed": n.seed,
-            "run": n.run_id,
-            "epoch": n.epoch,
-            "step": n.step,
+            "run": run,
+            "epoch": epoch,
+            "step": step,
         }
         return n.model.state_dict(), provenance, {"layout": model_layout(n.model, None)}
     return _from_source(nitro_or_source, run_dir, call, target)
+
+
+def _held(n: Exportable) -> tuple[Path | str | None, str, int, int]:
+    """The record a handle's weights are (None: none holds them), and the run, epoch and
+    step of that state: what ``restore_best`` left; else, once the handle trained, its own
+    record at its last point (None when it wrote none or retention dropped it), not the
+    file it started from; else what it loaded (``weights=``, ``resume=``)."""
+    if n.held is not None:
+        return n.held.record, n.held.run, n.held.epoch, n.held.step
+    if not n.history:  # nothing trained since the load
+        return n.checkpoint_source, n.run_id, n.epoch, n.step
+    last = [
+        e
+        for e in n.store.entries()
+        if (e.run, e.epoch, e.step, e.batch) == (n.run_id, n.epoch, n.step, n.batch)
+    ]
+    return (n.store.record(last[-1].file) if last else None), n.run_id, n.epoch, n.step
 
 
 def _from_source(
@@ -102,9 +131,7 @@ def _from_source(
     return (
         state,
         {
-            "source_file": str(
-                home.record(resolved.path.name) if home.holds(resolved.path) else resolved.path
-            ),
+            "source_file": str(shown_record(home, resolved.path)),
             "averaged_from": averaged_from,
             "experiment": meta.get("experiment"),
             "config": meta.get("config"),

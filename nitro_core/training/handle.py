@@ -33,7 +33,7 @@ from nitro_core.training.loop import StepHooks, epoch_length
 from nitro_core.training.plan import plan
 from nitro_core.training.points import Parts, Resumption, next_epoch, run_epoch
 from nitro_core.training.progress import Listener, Progress
-from nitro_core.training.restore import BestRestorer, load_weights, restore_full
+from nitro_core.training.restore import BestRestorer, Held, load_weights, restore_full
 from nitro_core.training.resume import ResumePoint
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,8 @@ class Nitro:
             lookup.shown_record(self.store, point.path) if point else None
         )
         self.averaged_from: dict[str, Any] | None = None
+        # what restore_best left in the model (None: the state the handle trained or loaded)
+        self.held: Held | None = None
         # build everything from the seed
         rng.seed_everything(self.seed)
         self._build(place, restoring=point is not None)

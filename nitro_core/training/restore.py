@@ -82,8 +82,20 @@ class Restorable(Protocol):
     epoch: int
     batch: int | None
     history: list[dict[str, Any]]
-    checkpoint_source: Path | None
+    checkpoint_source: Path | str | None  # as its run directory names it (S3: its URL)
     averaged_from: dict[str, Any] | None
+    held: Held | None
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a handle's model holds after ``restore_best``, as an export names it: the
+    record (None: an average of records) and the run, epoch and step it was written at."""
+
+    record: Path | str | None
+    run: str
+    epoch: int
+    step: int
 
 
 @dataclass(frozen=True)
@@ -222,26 +234,25 @@ def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
     resolved = lookup.resolve_at(source, n.store, n.ranking.pair, copy=False)
     sections = None if opts.restore_optimizer else WEIGHTS  # optimizer bytes: unread
     rec = read(lookup.copied(home, resolved, sections), sections)
-    warn_config_changed(rec.meta, n, str(resolved.path))
+    shown = str(lookup.shown_record(home, resolved.path))  # on object storage its URL
+    warn_config_changed(rec.meta, n, shown)
     state = rec.ema_state() if opts.load_ema else rec.model_state()
     if state is None:
         raise ConfigError(
             arg("load_ema", True),
-            f", but {str(resolved.path)!r} keeps no EMA (its experiment's ema() returned "
+            f", but {shown!r} keeps no EMA (its experiment's ema() returned "
             "None). Drop load_ema to load its parameters.",
         )
     if source.hf_directory() is not None:  # tied aliases are saved once: tie them back
         state = tie_aliases(n.model, state)
-    load_model_state(
-        n.model, fsdp_state.placed(n.model, state), opts.strict, str(resolved.path), name
-    )
+    load_model_state(n.model, fsdp_state.placed(n.model, state), opts.strict, shown, name)
     if n.ema is not None:
         n.ema.reset()
     if opts.restore_optimizer:
         if rec.meta.get("optimizer") is None:  # an export or an average: weights only
             raise ConfigError(
                 arg("restore_optimizer", True),
-                f", but {str(resolved.path)!r} holds weights only (an export or an average), no "
+                f", but {shown!r} holds weights only (an export or an average), no "
                 "optimizer state. Drop restore_optimizer to load its weights with a fresh "
                 "optimizer.",
             )
@@ -250,7 +261,7 @@ def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
         if recorded != current:
             raise ConfigError(
                 arg("restore_optimizer", True),
-                f": the optimizer groups of {str(resolved.path)!r} ({recorded}) differ from this "
+                f": the optimizer groups of {shown!r} ({recorded}) differ from this "
                 f"optimizer's ({current}); the state would land on the wrong parameters. Build "
                 "the optimizer with the same groups, or drop restore_optimizer.",
             )
@@ -259,7 +270,7 @@ def load_weights(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
             fsdp_state.load_optimizer(n.model, n.optimizer, state, rec.meta)
         else:
             n.optimizer.load_state_dict(state)
-    n.checkpoint_source = resolved.path  # on S3: where the run directory's copy would be
+    n.checkpoint_source = lookup.shown_record(home, resolved.path)
     n.averaged_from = rec.meta.get("averaged_from")
     return LoadedWeights(_recorded_config(rec.meta), rec.meta.get("run"))
 
@@ -306,7 +317,7 @@ def load_average(n: Restorable, source: Source, entries: list[ManifestEntry]) ->
     load_model_state(n.model, state, n.options.strict, str(source), type(n.experiment).__name__)
     if n.ema is not None:
         n.ema.reset()
-    n.checkpoint_source = resolved.path
+    n.checkpoint_source = lookup.shown_record(n.store, resolved.path)
     n.averaged_from = result.averaged_from
     return LoadedWeights(_recorded_config(result.meta), result.meta.get("run"))
 
@@ -339,7 +350,8 @@ def restore_average(n: Restorable, avg: Average, entries: list[ManifestEntry]) -
                 stacklevel=4,
             )
     n.averaged_from = result.averaged_from
-    n.checkpoint_source = resolved.path
+    n.checkpoint_source = lookup.shown_record(n.store, resolved.path)
+    n.held = Held(None, n.run_id, n.epoch, n.step)  # an average: its averaged_from says of what
     return avg
 
 
@@ -384,7 +396,8 @@ class BestRestorer:
         ema_state = rec.ema_state()
         if n.ema is not None and ema_state is not None:
             n.ema.load(ema_state, rec.meta["ema_meta"]["num_updates"])
-        n.checkpoint_source = n.run_dir / best.file
+        n.checkpoint_source = n.store.record(best.file)
+        n.held = Held(n.checkpoint_source, n.run_id, best.epoch, best.step)
         self.holding = best
 
     def refuse_training(self) -> None:
