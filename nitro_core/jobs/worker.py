@@ -548,18 +548,9 @@ def _validate(spec: JobSpec, call: ValidateCall, directory: Path, stop: _Stop) -
     return {
         "metrics": n.evaluate(call.split),
         "split": call.split,
-        "checkpoint": _shown_record(n),
+        "checkpoint": str(n.checkpoint_source),  # on object storage the record's URL
         "averaged_from": n.averaged_from,
     }
-
-
-def _shown_record(n: Any) -> str:
-    """The record a handle loaded, as its run directory names it: on object storage its URL
-    (the handle read a copy in the staging directory)."""
-    source = n.checkpoint_source
-    if source is not None and n.store.holds(source):
-        return str(n.store.record(source.name))
-    return str(source)
 
 
 def _train(

@@ -38,6 +38,13 @@ def home_of(source: Source, run: RunStore) -> tuple[RunStore, Source]:
     return home, PathSource(name)
 
 
+def shown_record(run: RunStore, path: Path) -> str | Path:
+    """The record at ``path`` (as read here) as a reply or a header names it: a record of
+    ``run`` where it lies (on object storage its URL, never the staging copy); anything
+    else by its path."""
+    return run.record(path.name) if run.holds(path) else path
+
+
 def named_entry(source: Source, run: RunStore) -> ManifestEntry | None:
     """The listed entry a record source names in ``run`` by its name, where ``run`` finds
     records by their listed name alone (object storage); None: resolved by its path."""
@@ -116,7 +123,7 @@ def header_at(source: Source, run: RunStore) -> tuple[Resolved, str | Path, dict
     found = resolve_at(source, run, picks=False, copy=False)
     entry = found.entry
     if entry is not None and found.path == home.local / entry.file:
-        return found, home.record(entry.file), home.header(entry)
+        return found, shown_record(home, found.path), home.header(entry)
     return (
         found,
         found.path,
@@ -174,5 +181,6 @@ __all__ = [
     "resolve_at",
     "resolve_in",
     "run_of",
+    "shown_record",
     "weights_copies",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import secrets
 import warnings
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 import torch
@@ -358,7 +358,7 @@ def weights_lineage(
 
 def weights_parent(
     source: Source | None,
-    loaded: Path | None,
+    loaded: Path | str | None,
     run: str | None,
     averaged_from: dict[str, Any] | None,
 ) -> str | None:
@@ -372,7 +372,7 @@ def weights_parent(
         return None
     if source.hf_directory() is not None:  # no record header: the directory it came from
         return f"{HF_PREFIX}{loaded}"
-    return f"{run or '?'}/{loaded.name}"
+    return f"{run or '?'}/{PurePosixPath(loaded).name}"  # a path, or an object's URL
 
 
 def record_writer(

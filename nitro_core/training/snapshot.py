@@ -56,7 +56,7 @@ class Recorded(Protocol):
     epoch: int
     stop_reason: StopReason | None
     history: list[dict[str, Any]]
-    checkpoint_source: Path | None
+    checkpoint_source: Path | str | None  # on object storage the record's URL
     averaged_from: dict[str, Any] | None
 
 
