@@ -21,7 +21,9 @@ hex digits)::
 a header written before identities has none). Changes are numbered ``after + 1, after + 2,
 ...``. A line is committed once its append is fsynced. Only a last line without its final
 newline is torn (the writer died mid-append: one ``pwrite`` puts the newline last): it was
-never committed, is ignored, and is cut off by the next writer. Any line that ends in its
+never committed, is ignored, and is cut off by the next writer. A complete line whose check
+verifies is committed whatever byte follows it (its newline changed to another byte loses
+no change: the line is read up to the end of its verified JSON). Any line that ends in its
 newline and fails its check (the checksum, the numbering, the header) was committed and then
 changed: that is corruption, refused with the line's byte offset, and nothing is written.
 
@@ -96,9 +98,13 @@ def parse(data: bytes, path: Path, start: Journal | None = None, offset: int = 0
     at = 0
     while at < len(data):
         stop = data.find(b"\n", at)
-        if stop < 0:
-            break  # no final newline: a torn append, never committed
-        obj = _checked(data[at:stop])
+        obj = _checked(data[at:stop]) if stop >= 0 else None
+        if obj is None:  # a complete line whose newline byte was changed is still committed
+            found = _line_before_other_byte(data, at, stop if stop >= 0 else len(data))
+            if found is not None:
+                obj, stop = found
+            elif stop < 0:
+                break  # no final newline: a torn append, never committed
         if obj is None or not _fits(journal, obj, offset + at):
             raise CheckpointCorrupt(_corrupt(path, offset + at))
         if offset + at == 0:
@@ -108,6 +114,20 @@ def parse(data: bytes, path: Path, start: Journal | None = None, offset: int = 0
         at = stop + 1
         journal.end = offset + at
     return journal
+
+
+def _line_before_other_byte(data: bytes, at: int, end: int) -> tuple[dict[str, Any], int] | None:
+    """A line from ``at`` whose check verifies and that another byte than its newline
+    follows (a flipped newline: the line was written whole, so it was committed), as (its
+    object, the position of that byte); None when no prefix up to ``end`` verifies. A torn
+    append is a prefix of its line, so nothing follows the line's own bytes: a complete line
+    at the very end of the data without its newline stays torn."""
+    close = data.find(b"}", at + 17, end)
+    while close >= 0:
+        if close + 1 < len(data) and (obj := _checked(data[at : close + 1])) is not None:
+            return obj, close + 1
+        close = data.find(b"}", close + 1, end)
+    return None
 
 
 def _corrupt(path: Path, at: int) -> str:

@@ -524,3 +524,23 @@ def test_sigkill_during_appends_and_compactions_keeps_exactly_the_committed_entr
         # every change that returned is there; the one in flight may or may not be
         assert listed in (committed, committed[1:] + [entry(last + 1).file]), (last, listed[-3:])
         start = last + 2 if listed[-1] == entry(last + 1).file else last + 1
+
+
+@pytest.mark.parametrize("byte", [0x0B, 0x00, 0x20])
+@pytest.mark.parametrize("which", ["last", "middle"])
+def test_a_committed_line_whose_newline_byte_changed_is_still_committed(journaled, byte, which):
+    """A complete line whose check verifies is committed whatever byte follows it: its
+    newline flipped (0x0A -> 0x0B) once dropped the newest record; the next writer appends
+    after it and every change is read once."""
+    d = journaled
+    change(d, add=201)
+    change(d, add=202)
+    raw = bytearray((d / journal.NAME).read_bytes())
+    newline = len(raw) - 1 if which == "last" else raw.rindex(b"\n", 0, len(raw) - 1)
+    raw[newline] = byte
+    (d / journal.NAME).write_bytes(bytes(raw))
+    assert fresh(d)[-2:] == files(201, 202)
+    change(d, add=203)
+    assert fresh(d)[-3:] == files(201, 202, 203)
+    manifest.compact(d)
+    assert fresh(d)[-3:] == files(201, 202, 203) and len(fresh(d)) == 203
