@@ -47,7 +47,8 @@ def inside_root(root: Path, text: str, what: str) -> Path:
         f"{what}={clip(text)} is a URL, and {what} takes a path here; give a path inside "
         f"the server's root, {example(what)}. (Run directories on object storage are taken "
         "as run_dir of nitro_train, nitro_validate, average, nitro_manifest, nitro_export "
-        "and nitro_delete, under the server's --storage.)",
+        "and nitro_delete, and as path of nitro_checkpoint_info and nitro_verify, under the "
+        "server's --storage.)",
     )
     _check_lengths(text, what)
     try:

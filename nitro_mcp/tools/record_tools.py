@@ -52,14 +52,16 @@ def register(server: NitroServer, gate: Gate) -> None:
     @tool(server, "A checkpoint's header (no tensors read): epoch, step, run, config, metrics, "
           "layout.")  # fmt: skip
     async def nitro_checkpoint_info(
-        path: Annotated[str, Field(description="A record.")],
+        path: Annotated[str, Field(description="A record (or its URL, under --storage).")],
     ) -> models.CheckpointInfoResult:
         return await off_loop(record_header, gate, path)
 
     @tool(server, "Check every byte of a record, or of a run directory's records, against "
           "digests.")  # fmt: skip
     async def nitro_verify(
-        path: Annotated[str, Field(description="A record or a run directory.")],
+        path: Annotated[
+            str, Field(description="A record or a run directory (or its URL, under --storage).")
+        ],
     ) -> models.VerifyResult:
         return await off_loop(verify_path, gate, path)
 
@@ -104,12 +106,14 @@ def manifest_page(gate: Gate, run_dir: str, limit: int, cursor: str | None) -> m
 
 
 def record_header(gate: Gate, path: str) -> models.CheckpointInfoResult:
-    where = inside_root(gate.root, path, "path")
-    if not (where.is_file() or (where / "header.json").is_file()):  # or a record directory
-        raise ConfigError(
-            f"path={clip(path)} is not a file under the server's root; nitro_manifest lists a run's files."
-        )
-    refuse_non_record(where, clip_text(path), _run_dir_of(gate.root, where))
+    url = gate.storage_url(path, "path")  # a listed record under --storage: its header alone
+    where: Path | str = str(url) if url else inside_root(gate.root, path, "path")
+    if isinstance(where, Path):
+        if not (where.is_file() or (where / "header.json").is_file()):  # or a record directory
+            raise ConfigError(
+                f"path={clip(path)} is not a file under the server's root; nitro_manifest lists a run's files."
+            )
+        refuse_non_record(where, clip_text(path), _run_dir_of(gate.root, where))
     header = checkpoint_info(where)
     for key in _BULKY:
         if header.get(key) is not None:
@@ -126,7 +130,8 @@ def record_header(gate: Gate, path: str) -> models.CheckpointInfoResult:
 
 
 def verify_path(gate: Gate, path: str) -> models.VerifyResult:
-    where = inside_root(gate.root, path, "path")
+    url = gate.storage_url(path, "path")  # a run directory or a record under --storage
+    where: Path | str = str(url) if url else inside_root(gate.root, path, "path")
     checks = verify(where)
     problems = [c for c in checks if not c.ok]
     kept = fit(problems, 50) if problems else 0

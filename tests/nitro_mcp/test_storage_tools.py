@@ -93,7 +93,8 @@ def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(store
                 for text in (f"{storage}x/runs/Classifier", "s3://elsewhere/runs/Classifier",
                              "gs://nitro-gate/runs/Classifier")
             ]  # fmt: skip
-            info = await call(client, "nitro_checkpoint_info", path=f"{url}/{listed[-1].file}")
+            to_url = await call(client, "nitro_export", source="latest => best", run_dir=url,
+                              path=f"{storage}/w.safetensors")  # fmt: skip
             hf_url = await call(client, "nitro_validate", experiment="Classifier", run_dir=url,
                                 weights=f"hf:{storage}/models/m")  # fmt: skip
             seeds = await call(client, "nitro_train", experiment="Classifier", run_dir=url,
@@ -113,14 +114,14 @@ def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(store
             save_outside,
             unstored,
             train_unstored,
-            info,
+            to_url,
             hf_url,
             seeds,
         )
 
     replies = anyio.run(go)
     page, validated, averaged, again, outside, save_outside, unstored, train_unstored = replies[:8]
-    info, hf_url, seeds = replies[8:]
+    to_url, hf_url, seeds = replies[8:]
     err, body = page
     assert not err, body
     assert body["run_dir"] == url and body["total"] == len(listed)
@@ -163,7 +164,7 @@ def test_the_gate_validates_and_averages_an_s3_run_as_the_same_run_on_disk(store
     err, text = seeds
     assert err and f"run_dir='{url}' is on object storage" in text, text
     assert "Send a local run_dir with seeds" in text, text
-    err, text = info  # a tool that takes paths only: refused, never read as "s3:/..."
+    err, text = to_url  # a path the tool writes on disk only: refused, never read as "s3:/..."
     assert err and "is a URL, and path takes a path here" in text, text
     assert not (root / "s3:").exists()  # a URL is never taken for a path under the root
     assert fetched == []  # the server checked each call by the records' headers alone
