@@ -491,6 +491,38 @@ def _forget(store: Bucket, url: ObjectUrl) -> bool:
 
 
 # -- reads ------------------------------------------------------------------------------------
+def standalone(record: ObjectUrl) -> bool:
+    """Whether ``record`` lies under a prefix that holds no manifest: a record written on
+    its own (an average's ``save=``, an export), uploaded whole under a name no object had,
+    read as the same file on a disk is (verified by its own digests). Under a run
+    directory's manifest, an unlisted object is an upload whose commit never happened."""
+    return bucket(record).size(record.parent.child(MANIFEST_NAME).key) is None
+
+
+def fetch_standalone(record: ObjectUrl, into: Path) -> Path:
+    """A local copy in ``into`` of the standalone record ``record`` (a file, or a record
+    directory: ``header.json`` and the shards it names), fetched afresh; its readers check
+    every section against the digests its header names. Refused, as :func:`listed` refuses,
+    where a manifest lies beside it."""
+    if not standalone(record):
+        listed(record)  # listed: read it through its entry; unlisted: refused there
+    if is_directory(record.name):
+        if bucket(record).size(record.child(HEADER_NAME).key) is None:
+            raise _absent(record)
+        return fetch_directory(record, into)
+    if bucket(record).size(record.key) is None:
+        raise _absent(record)
+    return fetch(record, into)
+
+
+def _absent(record: ObjectUrl) -> CheckpointMissing:
+    return CheckpointMissing(
+        f"No record at {str(record)!r}: no object has that name. Name a record by its URL "
+        "(e.g. s3://bucket/avg/last2.safetensors), or a run directory's record by its source, "
+        "e.g. 'latest => best' with run_dir=s3://bucket/runs/a."
+    )
+
+
 def listed(record: ObjectUrl) -> ManifestEntry:
     """The manifest's entry of the record object ``record``; an object its run directory's
     manifest does not list is refused, never read as a record."""
@@ -656,6 +688,8 @@ __all__ = [
     "fetch_directory",
     "fetch_entry",
     "fetch_sections",
+    "fetch_standalone",
+    "standalone",
     "claim_prefix",
     "is_directory",
     "list_entry",

@@ -101,7 +101,9 @@ class RunStore(ABC):
     def named(self, path: str) -> ManifestEntry | None:
         """The listed entry of the record ``path`` names, where this store finds records by
         their listed name alone (an object store: an unlisted or nested name is refused);
-        None: the path is resolved as a path (a disk; an absolute local path)."""
+        None: the path is resolved as a path (a disk; an absolute local path; on object
+        storage a record written on its own, under a prefix without a manifest, which is
+        copied down where the path resolves: :meth:`unlisted`)."""
 
     @abstractmethod
     def private_copies(self) -> contextlib.AbstractContextManager[Path]:
@@ -115,6 +117,12 @@ class RunStore(ABC):
     def holds(self, path: Path) -> bool:
         """Whether ``path`` is a record of this run directory as read here."""
         return path.parent == self.local
+
+    @abstractmethod
+    def unlisted(self, name: str) -> Path:
+        """A readable copy of the record ``name`` that no manifest lists, where one may be
+        read (a disk's file; on object storage a record written on its own, under a prefix
+        without a manifest): its readers check it against its own header's digests."""
 
     # -- writes ------------------------------------------------------------------------------
     @abstractmethod
@@ -212,6 +220,9 @@ class LocalRun(RunStore):
     def private_copies(self) -> contextlib.AbstractContextManager[Path]:
         return contextlib.nullcontext(self.local)  # records are read where they lie
 
+    def unlisted(self, name: str) -> Path:
+        return self.local / name  # read where it lies
+
     def record(self, name: str) -> str | Path:
         return self.local / name
 
@@ -298,8 +309,14 @@ class ObjectRun(RunStore):
     def state(self) -> Manifest:
         return object_run.load(self.url).manifest
 
-    def listed(self, name: str) -> ManifestEntry:
-        return object_run.listed(self.url.child(name))  # an unlisted object: refused
+    def listed(self, name: str) -> ManifestEntry | None:
+        record = self.url.child(name)
+        if object_run.standalone(record):
+            return None  # no manifest here: a record written on its own, read as on a disk
+        return object_run.listed(record)  # an unlisted object beside a manifest: refused
+
+    def unlisted(self, name: str) -> Path:
+        return object_run.fetch_standalone(self.url.child(name), self.local)
 
     def header(self, entry: ManifestEntry) -> dict[str, Any]:
         return object_run.read_header(self.url.child(entry.file), entry.expected)
@@ -325,7 +342,10 @@ class ObjectRun(RunStore):
                 "name one of its records by its file name, e.g. 'epoch-0003.safetensors', or "
                 "by its URL."
             )
-        return self.listed(name)
+        entry = self.listed(name)
+        if entry is None:  # a record written on its own: copied to where a path resolves
+            self.unlisted(name)
+        return entry
 
     @contextlib.contextmanager
     def private_copies(self) -> Iterator[Path]:

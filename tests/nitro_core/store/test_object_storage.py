@@ -641,8 +641,18 @@ def test_averages_exports_and_deletions_take_an_s3_run_directory(s3, tmp_path, p
     by_name = export_weights(last, tmp_path / "last2.safetensors", run_dir=url)
     a, b = load_file(by_url), load_file(by_name)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(CheckpointMissing, match="is not a record the manifest"):
+    # the saved average is a record on its own (no manifest beside it): a source as on a
+    # disk (issue 34); an unlisted object beside the run's manifest is still refused
+    again = load_file(
         export_weights("avg.safetensors", tmp_path / "x.safetensors", run_dir=f"{url}-out")
+    )
+    assert again.keys() == there.state.keys()
+    assert all(torch.equal(again[k], there.state[k]) for k in again)
+    client.download_file(bucket, f"{prefix}/run/{last}", str(got))
+    client.upload_file(str(got), bucket, f"{prefix}/run/stray.safetensors")
+    with pytest.raises(CheckpointMissing, match="is not a record the manifest"):
+        export_weights("stray.safetensors", tmp_path / "y.safetensors", run_dir=url)
+    client.delete_object(Bucket=bucket, Key=f"{prefix}/run/stray.safetensors")
     exp = experiment_from_record(KeepMany, "latest => latest", run_dir=url)
     assert exp.max_epochs == 4
 
