@@ -31,6 +31,7 @@ _WHERE = {
     "NitroError": "nitro_core.errors",
     "NitroWarning": "nitro_core.errors",
     "NonFiniteLoss": "nitro_core.errors",
+    "NotWritable": "nitro_core.errors",
     "RecordError": "nitro_core.errors",
     "ResumeRefused": "nitro_core.errors",
     "SourceSyntaxError": "nitro_core.errors",
@@ -89,6 +90,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from nitro_core.errors import NitroError as NitroError
     from nitro_core.errors import NitroWarning as NitroWarning
     from nitro_core.errors import NonFiniteLoss as NonFiniteLoss
+    from nitro_core.errors import NotWritable as NotWritable
     from nitro_core.errors import ObjectStoreError as ObjectStoreError
     from nitro_core.errors import RecordError as RecordError
     from nitro_core.errors import ResumeRefused as ResumeRefused
@@ -173,6 +175,7 @@ __all__ = [
     "NitroError",
     "NitroWarning",
     "NonFiniteLoss",
+    "NotWritable",
     "NullLogger",
     "ObjectStoreError",
     "Plateau",

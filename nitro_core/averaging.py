@@ -38,6 +38,7 @@ from nitro_core.state.loading import WEIGHTS
 from nitro_core.state.records import (
     FORMAT_VERSION,
     framework_version,
+    keeps_ema,
     state_dict_from,
     weights_tensors,
 )
@@ -314,7 +315,7 @@ def _divide(total: torch.Tensor, count: int, out: torch.Tensor) -> None:
 
 
 def _has_ema(path: Path, expected: str) -> bool:
-    return store.read_header(path, expected).get("ema_meta") is not None
+    return keeps_ema(store.read_header(path, expected))
 
 
 def _expected(entry: ManifestEntry | None) -> str | None:

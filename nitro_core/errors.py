@@ -15,6 +15,7 @@ Each class also subclasses the builtin a caller would naturally catch, so
     ├── DiskFull(NitroError, OSError)                no room left to write a record or a manifest
     ├── ObjectStoreError(NitroError, OSError)        the object store failed a call (S3)
     ├── UnsafePath(NitroError, PermissionError)      a path in a run directory is a link leading out
+    ├── NotWritable(NitroError, PermissionError)     a directory Nitro writes in refuses the write
     ├── RecordError(NitroError, ValueError)          a state cannot be written as a record
     ├── TrainingRefused(NitroError, RuntimeError)    the handle cannot train from its state
     └── NonFiniteLoss(NitroError, FloatingPointError) the training loss became NaN or infinite
@@ -252,6 +253,11 @@ class ObjectStoreError(NitroError, OSError):
 class UnsafePath(NitroError, PermissionError):
     """A file or directory Nitro keeps in a run directory is a symbolic link (or leads out of
     the directory), so opening it could read or write elsewhere."""
+
+
+class NotWritable(NitroError, PermissionError):
+    """A directory Nitro writes in (a run directory, its job store) refuses to be written:
+    its permissions, or a read-only file system."""
 
 
 class RecordError(NitroError, ValueError):

@@ -8,15 +8,21 @@ would silently do nothing or run twice.
   plain-field change is refused with the calls to send instead (:func:`resume_experiment`).
 - A resume with nothing left to train is refused (:func:`check_something_to_train`), and so is
   a second train job on a run directory a queued or running one trains (:func:`refuse_busy`).
+- ``logger='wandb'`` where the server's environment gives W&B no credentials and does not
+  make it log offline is refused (:func:`check_tracker_credentials`): its job would fail at
+  its first row.
 
 Every refusal writes what to send as this tool's arguments (:mod:`nitro_core.jobs.calls`).
 """
 
 from __future__ import annotations
 
+import netrc
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 from nitro_core.errors import ConfigError, NitroError, ResumeRefused
 from nitro_core.experiment import Experiment, config_of, host_fields
@@ -34,6 +40,9 @@ if TYPE_CHECKING:
 E = TypeVar("E", bound=Experiment)
 WARNINGS_MAX = 8  # warnings in one reply, each at most WARNING_CHARS characters
 WARNING_CHARS = 400
+WANDB_HOST = "https://api.wandb.ai"  # W&B's own default for WANDB_BASE_URL
+_WANDB_UNSENT = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no login
+_NETRC_MAX = 1024 * 1024  # bytes of a netrc file read (a larger one holds no login here)
 
 
 def from_record(
@@ -255,6 +264,50 @@ def refuse_unused(
             f"{shown} apply only to the validation of the average; add validate=true: {call}, "
             f"or drop {' and '.join(given)}."
         )
+
+
+def check_tracker_credentials(
+    logger: str | None, args: dict[str, Any], environ: Mapping[str, str] = os.environ
+) -> None:
+    """Refuse ``logger='wandb'`` (``args``: the call's ``nitro_train`` arguments) where
+    ``environ``, the server's environment that its jobs inherit, neither makes W&B log
+    offline or not at all (``WANDB_MODE``) nor gives it credentials as W&B reads them:
+    ``WANDB_API_KEY``, ``WANDB_IDENTITY_TOKEN_FILE``, or the netrc file's entry for the host
+    of ``WANDB_BASE_URL``."""
+    if logger != "wandb":
+        return
+    mode = environ.get("WANDB_MODE")
+    if mode in _WANDB_UNSENT or environ.get("WANDB_API_KEY"):
+        return
+    if environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    host = urlsplit(environ.get("WANDB_BASE_URL") or WANDB_HOST).netloc
+    netrc_file = Path(environ.get("NETRC") or Path(environ.get("HOME") or "~") / ".netrc")
+    netrc_file = netrc_file.expanduser()
+    if _netrc_login(netrc_file, host):
+        return
+    jsonl = tool_call("nitro_train", train_arguments(**{**args, "logger": "jsonl"}))
+    said = f"WANDB_MODE={mode!r}" if mode else "no WANDB_MODE"
+    raise ConfigError(
+        f"logger='wandb' needs W&B credentials where the server runs, and it has none: no "
+        f"WANDB_API_KEY, no entry for {host} in {str(netrc_file)!r}, and {said} (offline or "
+        "disabled would need none). Set WANDB_API_KEY (or run wandb login) there, or "
+        f"WANDB_MODE=offline to keep the W&B run in files, and restart the server; or send "
+        f"logger='jsonl': {jsonl}."
+    )
+
+
+def _netrc_login(path: Path, host: str) -> bool:
+    """Whether the netrc file ``path`` has an entry with a password (W&B's API key) for
+    ``host``; a file that is missing, over its bound or does not parse has none, as W&B
+    reads it."""
+    try:
+        if not host or os.stat(path).st_size > _NETRC_MAX:
+            return False
+        found = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return found is not None and bool(found[2])
 
 
 def warnings_of(notes: list[str], result: Mapping[str, Any]) -> list[str]:

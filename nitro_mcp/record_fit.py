@@ -10,6 +10,10 @@ server (:mod:`nitro_core.jobs.probe`), and refuses a misfit at once with the
 library's own words (``state.loading.check_fits``), naming the experiment that wrote the
 record and the call to send instead. A model that cannot be built on the meta device, or a
 record without a layout (an export), is left for the worker to check.
+
+The same holds of what else the header says: ``load_ema=true`` on a record whose header has
+no EMA section, and of an ``hf:`` directory, whose shards' headers name its tensors: one that
+has no leaf in common with the model would load nothing (under ``strict=false`` either).
 """
 
 from __future__ import annotations
@@ -28,18 +32,21 @@ Shapes = Callable[[Experiment], "dict[str, list[int]] | None"]  # a model's leav
 
 def check_record_fits(
     exp: Experiment, path: Path | str, strict: bool, origin: str, tool: str, args: dict[str, Any],
-    registry: Mapping[str, type[Experiment]], shapes: Shapes,
+    registry: Mapping[str, type[Experiment]], shapes: Shapes, load_ema: bool = False,
 ) -> None:  # fmt: skip
     """Refuse ``path`` when its leaves do not fit ``exp``'s model (under ``strict``), naming
     the experiment that wrote it and ``tool``'s call under that experiment (``args`` are the
-    call's arguments). ``shapes(exp)`` gives the model's leaves, asked of a process of its
-    own (:meth:`nitro_mcp.gate.Gate.shapes`): the server never builds the model."""
+    call's arguments), or, with ``load_ema``, when it keeps no EMA. ``shapes(exp)`` gives the
+    model's leaves, asked of a process of its own (:meth:`nitro_mcp.gate.Gate.shapes`): the
+    server never builds the model."""
     from nitro_core.state.loading import check_fits  # lazy: it imports torch
 
     try:
         header = checkpoint_info(path)
     except (NitroError, OSError):  # unreadable: the resolution or the worker says why
         return
+    if load_ema:
+        _check_ema(header, origin, tool, args)
     record = record_shapes(header)
     model = shapes(exp) if record is not None else None
     if record is None or model is None:
@@ -54,6 +61,62 @@ def check_record_fits(
         raise ConfigError(
             *exc.parts, " ", writer_sentence(written, name, tool, args, registry)
         ) from None
+
+
+def _check_ema(header: Mapping[str, Any], origin: str, tool: str, args: dict[str, Any]) -> None:
+    """Refuse ``load_ema=true`` on a record whose header has no EMA section."""
+    from nitro_core.state.records import is_export, keeps_ema  # lazy: it imports torch
+
+    if keeps_ema(header):
+        return
+    written = str(header.get("experiment") or "its experiment").rsplit(".", 1)[-1]
+    why = (
+        "an export holds the parameters alone"
+        if is_export(header)
+        else f"{written}.ema() returned None when it was written"
+    )
+    again = tool_call(tool, {k: v for k, v in args.items() if k != "load_ema"})
+    raise ConfigError(
+        f"load_ema=true evaluates the EMA copy of the weights, but {origin!r} keeps no EMA "
+        f"({why}). Drop load_ema to evaluate its parameters: {again}."
+    )
+
+
+def check_hf_fits(
+    exp: Experiment, directory: Path, strict: bool, origin: str, tool: str, args: dict[str, Any],
+    shapes: Shapes,
+) -> None:  # fmt: skip
+    """Refuse the Hugging Face directory ``directory`` (``origin``: the source as sent) when
+    none of the tensors its shards' headers name is a leaf of ``exp``'s model (nothing would
+    load), or when those it holds do not fit (a size, or under ``strict`` a leaf the model
+    lacks). A leaf of the model the directory lacks is left to the worker: it may be a tied
+    alias, which ``save_pretrained`` writes once and the load ties back."""
+    from nitro_core.state.loading import check_fits  # lazy: it imports torch
+    from nitro_core.store.hf import leaf_shapes  # lazy: it imports torch
+
+    try:
+        held = leaf_shapes(directory, origin)
+    except (NitroError, OSError):  # unreadable: the worker says why
+        return
+    model = shapes(exp) if held else None
+    if model is None:
+        return
+    name = type(exp).__name__
+    if not set(held) & set(model):
+        fresh = tool_call(tool, {k: v for k, v in args.items() if k not in ("weights", "strict")})
+        raise ConfigError(
+            f"weights={origin!r} does not fit {name}'s model: none of the {len(held)} tensors "
+            f"the directory holds ({_names(sorted(held))}) is a leaf of the model "
+            f"({_names(sorted(model))}), so nothing of it would load, with strict=false "
+            f"either. Send weights= a directory of the model {name}.build_model() builds, or "
+            f"train from fresh weights: {fresh}."
+        )
+    check_fits({k: v for k, v in model.items() if k in held}, held, strict, origin, name)
+
+
+def _names(keys: list[str], limit: int = 4) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def writer_sentence(

@@ -215,6 +215,12 @@ def is_export(meta: Mapping[str, Any]) -> bool:
     return meta.get("kind") == "weights" and "layout" not in meta
 
 
+def keeps_ema(meta: Mapping[str, Any]) -> bool:
+    """Whether the record a header describes keeps an EMA copy of its weights (``ema/``):
+    its experiment's ``ema()`` returned one when it was written (an export keeps none)."""
+    return not is_export(meta) and meta.get("ema_meta") is not None
+
+
 @dataclass
 class Record:
     """A record read back: its header and tensors, with accessors for each part. An export

@@ -22,10 +22,12 @@ from nitro_core.errors import ConfigError, UnsafePath
 from nitro_core.store import deleter
 from nitro_core.store.atomic import tmp_path
 from nitro_core.store.safeio import (
+    check_writable,
     close_lock,
     flocked,
     fsync_dir,
     lock_held,
+    make_dir,
     open_lock,
 )
 
@@ -135,7 +137,7 @@ def describe_reclaimed(directory: Path, reclaimed: list[tuple[str, int]]) -> str
 @contextmanager
 def manifest_lock(directory: Path) -> Iterator[None]:
     """Hold the directory's inter-process manifest lock."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dir(directory)
     with flocked(directory / LOCK_NAME):
         yield
 
@@ -148,8 +150,11 @@ def run_lock_path(directory: Path, run: str) -> Path:
 @contextmanager
 def run_lock(directory: Path, run: str) -> Iterator[bool]:
     """Hold the run's training lock (``.run-<id>.lock``) for the block; yields False, holding
-    nothing, when another live process holds it."""
-    directory.mkdir(parents=True, exist_ok=True)
+    nothing, when another live process holds it. The run's first write: a directory that
+    cannot be written is refused here (:class:`NotWritable`), before anything is trained,
+    also when the lock files an earlier run left there still open."""
+    make_dir(directory)
+    check_writable(directory)
     with flocked(run_lock_path(directory, run), blocking=False) as mine:
         yield mine
 

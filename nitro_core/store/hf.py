@@ -47,7 +47,7 @@ from nitro_core.errors import (
 )
 from nitro_core.store import deleter, safeio
 from nitro_core.store.atomic import TMP_SUFFIX, PublishDirectory, Replace
-from nitro_core.store.record_header import META_KEY
+from nitro_core.store.record_header import MAX_HEADER, META_KEY, unreadable
 from nitro_core.store.recordio import read_record, write_record
 
 SINGLE = "model.safetensors"
@@ -327,6 +327,33 @@ def _from_index(directory: Path, shown: str) -> dict[str, list[str]]:
                 f"{str(directory)!r}. Copy the whole directory, or export it again."
             )
     return files
+
+
+def leaf_shapes(directory: Path, shown: str) -> dict[str, list[int]]:
+    """Each tensor of a Hugging Face directory by its key, and its shape, from its shards'
+    safetensors headers alone (no tensor is read; a header longer than a record's may be,
+    or one that does not fit its file, is refused)."""
+    shapes: dict[str, list[int]] = {}
+    for name in weight_files(directory, shown):
+        path = directory / name
+        with os.fdopen(safeio.open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 0 or n > MAX_HEADER or 8 + n > size:
+                raise unreadable(path, "its header length does not fit the file")
+            try:
+                header = json.loads(f.read(n))
+                shapes.update(
+                    {
+                        k: [int(d) for d in v["shape"]]
+                        for k, v in header.items()
+                        if k != "__metadata__"
+                    }
+                )
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+                raise unreadable(path, exc) from None
+    return shapes
 
 
 def read_dir(directory: Path, shown: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

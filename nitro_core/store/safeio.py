@@ -15,18 +15,22 @@ import errno
 import fcntl
 import functools
 import os
+import shlex
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-from nitro_core.errors import DiskFull, RecordError, UnsafePath
+from nitro_core.errors import DiskFull, NotWritable, RecordError, UnsafePath
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)  # the system refuses the write
+_WRITES = os.O_CREAT | os.O_WRONLY | os.O_RDWR
 
 
 RUN_DIR = "a run directory"
+_ELSEWHERE = {RUN_DIR: "choose another run_dir"}  # what else to do, by where the write is
 
 # The most Nitro reads of each file it parses whole (DESIGN section 16): the size is checked
 # before a byte is read (fstat on disk, the object's length on S3), so a planted or damaged
@@ -143,12 +147,62 @@ def keep_lock_from_children(fd: int) -> None:
 def open_lock(path: Path, flags: int, where: str = RUN_DIR) -> int:
     """Open ``path`` (never through a link) as a lock fd that forked children close as they
     start, with no instant in which a fork could copy it unnoted; close it with
-    :func:`close_lock`."""
+    :func:`close_lock`. Creating or writing it where the system refuses is
+    :class:`NotWritable`."""
     _close_locks_in_children()
-    with _OPENING:
-        fd = open_nofollow(path, flags, where=where)
-        _LOCK_FDS.add(fd)
+    try:
+        with _OPENING:
+            fd = open_nofollow(path, flags, where=where)
+            _LOCK_FDS.add(fd)
+    except OSError as exc:
+        if flags & _WRITES and exc.errno in _DENIED:
+            raise not_writable(Path(path).parent, Path(path).name, exc.errno, where) from None
+        raise
     return fd
+
+
+def make_dir(directory: Path, where: str = RUN_DIR) -> None:
+    """Create ``directory`` and its missing parents (present already is fine); where the
+    system refuses, :class:`NotWritable` names the directory it could not write in."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno not in _DENIED:
+            raise
+        failed = Path(exc.filename) if exc.filename else directory
+        raise not_writable(failed.parent, failed.name, exc.errno, where) from None
+
+
+def check_writable(directory: Path, where: str = RUN_DIR) -> None:
+    """Refuse (:class:`NotWritable`) a directory this process could neither create nor write
+    in, before anything starts that would (:func:`make_dir`, then its lock files): asked of
+    the permissions of it, or of its nearest existing parent (``os.access``)."""
+    target = Path(os.path.abspath(directory))
+    existing = target
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing = existing.parent
+    if os.access(existing, os.W_OK | os.X_OK):
+        return
+    below = [p for p in (target, *target.parents) if p.parent == existing]  # what it creates
+    raise not_writable(existing, below[0].name if below else None, errno.EACCES, where)
+
+
+def not_writable(
+    directory: Path, name: str | None, code: int | None, where: str = RUN_DIR
+) -> NotWritable:
+    """The refusal of writing in ``directory`` (creating ``name`` there, when known) for
+    ``where``, which the system denied with the error number ``code``; and what to do."""
+    fix = _ELSEWHERE.get(where, "choose another directory")
+    why = f"Nitro creates {name!r} there" if name else f"Nitro keeps the files of {where} there"
+    if code == errno.EROFS:
+        return NotWritable(
+            f"Cannot write in {str(directory)!r}: it is on a read-only file system ({why}). "
+            f"Mount it read-write, or {fix}."
+        )
+    return NotWritable(
+        f"Cannot write in {str(directory)!r}: permission denied ({why}). Make it writable "
+        f"(chmod u+w {shlex.quote(str(directory))}), or {fix}."
+    )
 
 
 def close_lock(fd: int) -> None:

@@ -25,13 +25,14 @@ from nitro_core.jobs.manager import new_job_id
 from nitro_core.jobs.rank_launch import process_limit
 from nitro_core.sources.grammar import Average, to_source
 from nitro_core.store.place import ObjectPlace
+from nitro_core.store.safeio import check_writable
 from nitro_core.training.options import check_options
 from nitro_mcp import call_checks, following, models, observe, seed_groups
 from nitro_mcp.arguments import arguments_model, flag_text
 from nitro_mcp.echo import clip
 from nitro_mcp.gate import Gate, Progress, next_step
 from nitro_mcp.paths import directory_inside_root, file_in_the_way, inside_root, shown
-from nitro_mcp.record_fit import check_record_fits
+from nitro_mcp.record_fit import check_hf_fits, check_record_fits
 from nitro_mcp.refusals import job_error
 from nitro_mcp.replies import NitroServer, shrink
 from nitro_mcp.tools.declare import call_of, off_loop, progress_of, tool, wait_parameter
@@ -231,6 +232,9 @@ def _checked_train(
         update={"run_dir": place, "resume": resume, "restore_best": restore_best}
     )
     args = train_arguments(**{**call.model_dump(), "run_dir": shown(gate.root, place)})
+    if url is None:  # a directory the job creates and writes in, refused now if it cannot
+        check_writable(where)
+    call_checks.check_tracker_credentials(call.logger, args)  # W&B's login, where jobs run
     busy = call_checks.busy_job(gate.jobs, place)
     if busy is not None and not after_running:
         raise call_checks.refuse_busy(busy, args)
@@ -261,9 +265,14 @@ def _checked_train(
     observe.check_logger(call.logger, point, exp, args, hooks.get("logger"))
     if opts.weights is not None:
         found = gate.check_source(opts.weights, place if url else where, "weights")
-        check_record_fits(
-            exp, found, call.strict, gate.named(found), "nitro_train", args, gate.registry, shapes
-        )
+        if opts.weights.hf_directory() is not None:  # its shards' headers name its tensors
+            assert isinstance(found, Path)  # hf: names a local directory
+            check_hf_fits(exp, found, call.strict, str(weights), "nitro_train", args, shapes)
+        else:
+            check_record_fits(
+                exp, found, call.strict, gate.named(found), "nitro_train", args, gate.registry,
+                shapes,
+            )  # fmt: skip
     if hooks.get("keep"):  # checkpointer()'s keep cannot hold the restore_best average
         raise ConfigError(*parts_from_json(hooks["keep"]))
     call = _with_executor(gate, call)
@@ -345,7 +354,7 @@ def _submit_validate(gate: Gate, call: ValidateCall) -> tuple[JobStatus, list[st
         ValidateCall, {**call.model_dump(), "run_dir": str(url) if url else shown(gate.root, where)}
     )
     check_record_fits(exp, path, True, named, "nitro_validate", args, gate.registry,
-                      lambda e: gate.shapes(experiment, e))  # fmt: skip
+                      lambda e: gate.shapes(experiment, e), call.load_ema)  # fmt: skip
     gate.check_split(experiment, call.split)
     return gate.jobs.submit(call, experiment_modules=gate.modules), notes
 
