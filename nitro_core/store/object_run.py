@@ -38,6 +38,7 @@ from nitro_core.errors import (
     ObjectStoreError,
 )
 from nitro_core.store import digest, record_header
+from nitro_core.store import reclaim as reclaim_
 from nitro_core.store.manifest import Manifest, ManifestEntry, parse_manifest, point_of
 from nitro_core.store.manifest_file import MANIFEST_NAME
 from nitro_core.store.objects import PART, Bucket, ObjectUrl, bucket
@@ -488,6 +489,26 @@ def _forget(store: Bucket, url: ObjectUrl) -> bool:
     except (ObjectStoreError, ConfigError):
         return False
     return True
+
+
+def reclaim(run: ObjectUrl, age: float, dry_run: bool) -> list[reclaim_.Leftover]:
+    """Remove (``dry_run``: only say) the leftovers of killed writes under ``run``
+    (:func:`nitro_core.store.reclaim.in_bucket`): a record directory's ``header.json``
+    first; an upload aborted. What the store refuses to delete stays (never read as a
+    record) and is left out of the answer."""
+    store = bucket(run)
+    found = reclaim_.in_bucket(store, run, load(run).manifest, age)
+    if dry_run:
+        return found
+    gone = []
+    for leftover in found:
+        if leftover.what == "upload":
+            assert leftover.upload_id is not None
+            store.abort(run.child(leftover.name).key, leftover.upload_id)
+            gone.append(leftover)
+        elif _forget(store, run.child(leftover.name)):
+            gone.append(leftover)
+    return gone
 
 
 # -- reads ------------------------------------------------------------------------------------

@@ -244,6 +244,43 @@ class Bucket:
             token = {"ContinuationToken": r["NextContinuationToken"]}
         return found if limit is None else found[:limit]
 
+    def listing(self, prefix: str) -> list[tuple[str, int, float]]:
+        """(key, size, last modified as a POSIX time) of every object under ``prefix``."""
+        found: list[tuple[str, int, float]] = []
+        token: dict[str, str] = {}
+        while True:
+            r = self._call("list_objects_v2", Prefix=prefix, **token)
+            found += [
+                (o["Key"], int(o.get("Size", 0)), o["LastModified"].timestamp())
+                for o in r.get("Contents", ())
+            ]
+            if not r.get("IsTruncated"):
+                return found
+            token = {"ContinuationToken": r["NextContinuationToken"]}
+
+    def uploads(self, prefix: str) -> list[tuple[str, str, float]]:
+        """(key, upload id, initiated as a POSIX time) of every multipart upload under
+        ``prefix`` that was neither completed nor aborted."""
+        found: list[tuple[str, str, float]] = []
+        token: dict[str, str] = {}
+        while True:
+            r = self._call("list_multipart_uploads", Prefix=prefix, **token)
+            found += [
+                (u["Key"], u["UploadId"], u["Initiated"].timestamp()) for u in r.get("Uploads", ())
+            ]
+            if not r.get("IsTruncated"):
+                return found
+            token = {"KeyMarker": r["NextKeyMarker"], "UploadIdMarker": r["NextUploadIdMarker"]}
+
+    def part_times(self, key: str, upload: str) -> list[float]:
+        """When each part of the multipart upload ``upload`` of ``key`` was last written."""
+        r = self._call("list_parts", Key=key, UploadId=upload)
+        return [p["LastModified"].timestamp() for p in r.get("Parts", ())]
+
+    def abort(self, key: str, upload: str) -> None:
+        """Abort the multipart upload ``upload`` of ``key`` (its parts' bytes come back)."""
+        self._abort(key, upload)
+
     def _abort(self, key: str, upload: str) -> None:
         try:
             self._call("abort_multipart_upload", Key=key, UploadId=upload)

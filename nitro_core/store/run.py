@@ -26,9 +26,19 @@ from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
 from nitro_core.errors import ConfigError, TrainingRefused
-from nitro_core.store import claims, digest, manifest, object_run, objects, record_header, removal
+from nitro_core.store import (
+    claims,
+    digest,
+    manifest,
+    object_run,
+    objects,
+    reclaim,
+    record_header,
+    removal,
+)
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point, point_of
 from nitro_core.store.objects import ObjectUrl
+from nitro_core.store.reclaim import Leftover
 from nitro_core.store.removal import Doomed, Removed
 
 T = TypeVar("T")
@@ -170,6 +180,12 @@ class RunStore(ABC):
         """The refusal when none of the ``tried`` names for ``name`` could be claimed."""
 
     @abstractmethod
+    def reclaim(self, dry_run: bool = False) -> list[Leftover]:
+        """Remove (``dry_run``: only say) the run directory's leftovers of killed writes
+        (:mod:`nitro_core.store.reclaim`): unlisted records of its runs older than
+        ``NITRO_RECLAIM_AFTER_S``, and on object storage open multipart uploads."""
+
+    @abstractmethod
     def compact(self) -> None:
         """The end of a run's writes: the manifest complete in one document again."""
 
@@ -269,6 +285,17 @@ class LocalRun(RunStore):
         return TrainingRefused(
             f"Run {run} cannot write {name!r} in {str(self)!r}: " + taken.format(run=run)
         )
+
+    def reclaim(self, dry_run: bool = False) -> list[Leftover]:
+        if not self.local.is_dir():
+            return []
+        age = reclaim.age_s()
+        with self.lock():  # a writer names and lists records under it
+            found = reclaim.on_disk(self.local, self.state(), age)
+            if not dry_run:
+                for leftover in found:
+                    claims.remove_file(self.local / leftover.name)
+        return found
 
     def compact(self) -> None:
         manifest.compact(self.local)
@@ -398,6 +425,9 @@ class ObjectRun(RunStore):
             "Delete the objects the manifest does not list "
             f"(nitro verify {self} names them), then continue with resume='auto'."
         )
+
+    def reclaim(self, dry_run: bool = False) -> list[Leftover]:
+        return object_run.reclaim(self.url, reclaim.age_s(), dry_run)
 
     def compact(self) -> None:
         pass  # the manifest object is always one complete document

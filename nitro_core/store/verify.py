@@ -31,7 +31,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from nitro_core.errors import CheckpointCorrupt, CheckpointMissing, UnsafePath
-from nitro_core.store import manifest, object_run, objects
+from nitro_core.store import manifest, object_run, objects, reclaim
 from nitro_core.store.manifest_file import MANIFEST_NAME
 from nitro_core.store.reader import RecordFile
 from nitro_core.store.safeio import link_refusal
@@ -115,7 +115,26 @@ def verify_objects(url: objects.ObjectUrl) -> list[Checked]:
                 "none. Give a run directory or a record, e.g. nitro verify s3://bucket/runs/a."
             )
         pairs = [(url.child(e.file), e) for e in entries]
-    return _verify_objects_of(pairs)
+    return _verify_objects_of(pairs) + _leftovers(url)
+
+
+def _leftovers(run: objects.ObjectUrl) -> list[Checked]:
+    """What the run's next write or resume would reclaim (:mod:`nitro_core.store.reclaim`),
+    each as a problem found: nothing lists it, and it holds bytes."""
+    age = reclaim.age_s()
+    out = []
+    for x in object_run.reclaim(run, age, dry_run=True):
+        what = (
+            "an open multipart upload that no writer completed"
+            if x.what == "upload"
+            else "a record no manifest lists, left by a killed write"
+        )
+        out.append(Checked(
+            file=x.name, listed=False, ok=False, bytes=x.bytes, sections=[],
+            problem=f"{what} (older than {reclaim.AGE_VARIABLE}={age:g} s); the run's next "
+            "write or resume removes it, and nothing reads it meanwhile.",
+        ))  # fmt: skip
+    return out
 
 
 def _verify_objects_of(

@@ -215,6 +215,8 @@ class Nitro:
             run_refusals.refuse_spent_budget(
                 self.budget, self.run_dir, self.run_id, self.step, self._next_point()
             )  # fmt: skip
+            if self.dist.main:  # what killed writes left, before this run writes again
+                setup.reclaim_leftovers(self.store)
             self.budget.start(self.step)
             # the first train() starts where setup left off (a mid-epoch resume: once the
             # train split is positioned)

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from nitro_core.errors import ConfigError, NitroWarning
+from nitro_core.errors import ConfigError, NitroWarning, ObjectStoreError
 from nitro_core.experiment import Experiment
 from nitro_core.policy.selectors import Checkpointer
 from nitro_core.sources.resolve import partial_files
 from nitro_core.store import recordio as store
+from nitro_core.store.reclaim import described
 from nitro_core.store.run import RunStore, open_run
 from nitro_core.training import progress
 
@@ -165,3 +166,21 @@ def run_lock(run_dir: Path, run_id: str, main: bool) -> Iterator[bool]:
         return
     with store.run_lock(run_dir, run_id) as mine:
         yield mine
+
+
+def reclaim_leftovers(store: RunStore) -> None:
+    """Remove the run directory's leftovers of killed writes (:meth:`RunStore.reclaim`),
+    saying what came back; a store that fails to list or delete is said and skipped (what
+    is left is never read as a record, and the next run's reclaim tries again)."""
+    try:
+        found = store.reclaim()
+    except ObjectStoreError as exc:
+        warnings.warn(
+            f"Could not reclaim leftovers of killed writes in {str(store)!r}: {exc} Training "
+            "goes on; the next run's reclaim tries again.",
+            NitroWarning,
+            stacklevel=3,
+        )
+        return
+    if found:
+        warnings.warn(described(str(store), found), NitroWarning, stacklevel=3)
