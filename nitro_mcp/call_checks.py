@@ -17,6 +17,7 @@ Every refusal writes what to send as this tool's arguments (:mod:`nitro_core.job
 
 from __future__ import annotations
 
+import configparser
 import netrc
 import os
 from collections.abc import Mapping
@@ -42,7 +43,7 @@ WARNINGS_MAX = 8  # warnings in one reply, each at most WARNING_CHARS characters
 WARNING_CHARS = 400
 WANDB_HOST = "https://api.wandb.ai"  # W&B's own default for WANDB_BASE_URL
 _WANDB_UNSENT = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no login
-_NETRC_MAX = 1024 * 1024  # bytes of a netrc file read (a larger one holds no login here)
+_SETTINGS_MAX = 1024 * 1024  # bytes of a netrc or W&B settings file read
 
 
 def from_record(
@@ -267,27 +268,35 @@ def refuse_unused(
 
 
 def check_tracker_credentials(
-    logger: str | None, args: dict[str, Any], environ: Mapping[str, str] = os.environ
+    logger: str | None, args: dict[str, Any], root: Path, environ: Mapping[str, str] = os.environ
 ) -> None:
-    """Refuse ``logger='wandb'`` (``args``: the call's ``nitro_train`` arguments) where
-    ``environ``, the server's environment that its jobs inherit, neither makes W&B log
-    offline or not at all (``WANDB_MODE``) nor gives it credentials as W&B reads them:
-    ``WANDB_API_KEY``, ``WANDB_IDENTITY_TOKEN_FILE``, or the netrc file's entry for the host
-    of ``WANDB_BASE_URL``."""
+    """Refuse ``logger='wandb'`` (``args``: the call's ``nitro_train`` arguments) where the
+    server's environment, which its jobs inherit (``environ``; their working directory
+    ``root``), neither makes W&B log offline or not at all (``WANDB_MODE``, or ``mode`` in
+    W&B's settings files) nor gives it credentials as W&B reads them: ``WANDB_API_KEY``,
+    ``WANDB_IDENTITY_TOKEN_FILE``, an ``api_key`` setting, or the netrc file's entry for
+    the host of ``WANDB_BASE_URL`` (or the ``base_url`` setting). A settings file that does
+    not parse leaves the question to the job's own setup."""
     if logger != "wandb":
         return
-    mode = environ.get("WANDB_MODE")
-    if mode in _WANDB_UNSENT or environ.get("WANDB_API_KEY"):
+    settings = _wandb_settings(environ, root)
+    if settings is None:
         return
-    if environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+    mode = environ.get("WANDB_MODE") or settings.get("mode")
+    if mode in _WANDB_UNSENT:
         return
-    host = urlsplit(environ.get("WANDB_BASE_URL") or WANDB_HOST).netloc
+    if any(environ.get(k) for k in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE")):
+        return
+    if settings.get("api_key"):
+        return
+    base = environ.get("WANDB_BASE_URL") or settings.get("base_url") or WANDB_HOST
+    host = urlsplit(base).netloc
     netrc_file = Path(environ.get("NETRC") or Path(environ.get("HOME") or "~") / ".netrc")
     netrc_file = netrc_file.expanduser()
     if _netrc_login(netrc_file, host):
         return
     jsonl = tool_call("nitro_train", train_arguments(**{**args, "logger": "jsonl"}))
-    said = f"WANDB_MODE={mode!r}" if mode else "no WANDB_MODE"
+    said = f"mode {mode!r}" if mode else "no WANDB_MODE"
     raise ConfigError(
         f"logger='wandb' needs W&B credentials where the server runs, and it has none: no "
         f"WANDB_API_KEY, no entry for {host} in {str(netrc_file)!r}, and {said} (offline or "
@@ -297,12 +306,38 @@ def check_tracker_credentials(
     )
 
 
+def _wandb_settings(environ: Mapping[str, str], root: Path) -> dict[str, str] | None:
+    """The ``[default]`` keys of W&B's settings files, the global one (in
+    ``WANDB_CONFIG_DIR``, else ``~/.config/wandb``) then the workspace's (``wandb/settings``
+    in ``WANDB_DIR``, else the jobs' working directory), which wins; None when one is over
+    its bound or does not parse."""
+    home = Path(environ.get("HOME") or "~").expanduser()
+    files = (
+        Path(environ.get("WANDB_CONFIG_DIR") or home / ".config" / "wandb") / "settings",
+        Path(environ.get("WANDB_DIR") or root) / "wandb" / "settings",
+    )
+    found: dict[str, str] = {}
+    for path in files:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            if os.stat(path).st_size > _SETTINGS_MAX:
+                return None
+            parser.read_string(path.read_text(), str(path))
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError, configparser.Error):
+            return None
+        if parser.has_section("default"):
+            found.update(parser["default"])
+    return found
+
+
 def _netrc_login(path: Path, host: str) -> bool:
     """Whether the netrc file ``path`` has an entry with a password (W&B's API key) for
     ``host``; a file that is missing, over its bound or does not parse has none, as W&B
     reads it."""
     try:
-        if not host or os.stat(path).st_size > _NETRC_MAX:
+        if not host or os.stat(path).st_size > _SETTINGS_MAX:
             return False
         found = netrc.netrc(str(path)).authenticators(host)
     except (OSError, netrc.NetrcParseError):

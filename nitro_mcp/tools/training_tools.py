@@ -234,7 +234,7 @@ def _checked_train(
     args = train_arguments(**{**call.model_dump(), "run_dir": shown(gate.root, place)})
     if url is None:  # a directory the job creates and writes in, refused now if it cannot
         check_writable(where)
-    call_checks.check_tracker_credentials(call.logger, args)  # W&B's login, where jobs run
+    call_checks.check_tracker_credentials(call.logger, args, gate.root)  # where jobs run
     busy = call_checks.busy_job(gate.jobs, place)
     if busy is not None and not after_running:
         raise call_checks.refuse_busy(busy, args)

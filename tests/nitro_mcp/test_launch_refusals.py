@@ -32,7 +32,10 @@ GPT2 = {  # a few tensors of a GPT-2 directory, as save_pretrained names them
     "transformer.h.0.attn.c_attn.bias": [24],
     "transformer.ln_f.weight": [8],
 }
-WANDB = ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL", "NETRC")
+WANDB = (
+    "WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL", "NETRC",
+    "WANDB_CONFIG_DIR", "WANDB_DIR",
+)  # fmt: skip
 
 
 def _hf_dir(path, shapes):
@@ -180,39 +183,53 @@ def test_logger_wandb_without_credentials_is_refused_at_the_call(tmp_path, monke
     (err1, first), (err2, seeded) = replies
     assert err1 and first.endswith(said.format(mode="no WANDB_MODE", seed="")), first
     assert err2 and seeded.endswith(said.format(mode="no WANDB_MODE", seed="seed=1, ")), seeded
-    assert err and text.endswith(said.format(mode="WANDB_MODE='online'", seed="")), text
+    assert err and text.endswith(said.format(mode="mode 'online'", seed="")), text
+
+
+NETRC = "home/.netrc"
+SETTINGS = "home/.config/wandb/settings"  # W&B's global settings file
+WORKSPACE = "root/wandb/settings"  # the settings file of the jobs' working directory
 
 
 @pytest.mark.parametrize(
-    ("environ", "netrc", "refused"),
+    ("environ", "files", "refused"),
     [
-        ({}, None, True),
-        ({"WANDB_MODE": "offline"}, None, False),
-        ({"WANDB_MODE": "disabled"}, None, False),
-        ({"WANDB_MODE": "online"}, None, True),
-        ({"WANDB_API_KEY": "k" * 40}, None, False),
-        ({"WANDB_IDENTITY_TOKEN_FILE": "/run/token"}, None, False),
-        ({}, "machine api.wandb.ai login user password k\n", False),
-        ({}, "machine example.org login user password k\n", True),  # another host's login
+        ({}, {}, True),
+        ({"WANDB_MODE": "offline"}, {}, False),
+        ({"WANDB_MODE": "disabled"}, {}, False),
+        ({"WANDB_MODE": "online"}, {}, True),
+        ({"WANDB_API_KEY": "k" * 40}, {}, False),
+        ({"WANDB_IDENTITY_TOKEN_FILE": "/run/token"}, {}, False),
+        ({}, {NETRC: "machine api.wandb.ai login user password k\n"}, False),
+        ({}, {NETRC: "machine example.org login user password k\n"}, True),  # another host's
         ({"WANDB_BASE_URL": "https://wandb.example.org"},
-         "machine wandb.example.org login user password k\n", False),
-        ({}, "machine api.wandb.ai login user\n", True),  # no password: no API key
-        ({}, "machine api.wandb.ai login user password k\nmacdef", True),  # does not parse
+         {NETRC: "machine wandb.example.org login user password k\n"}, False),
+        ({}, {NETRC: "machine api.wandb.ai login user\n"}, True),  # no password: no API key
+        ({}, {NETRC: "machine api.wandb.ai login user password k\nmacdef"}, True),  # unparsed
+        ({}, {SETTINGS: "[default]\nmode = offline\n"}, False),
+        ({"WANDB_MODE": "online"}, {SETTINGS: "[default]\nmode = offline\n"}, True),
+        ({}, {WORKSPACE: "[default]\napi_key = k\n"}, False),
+        ({}, {SETTINGS: "[default]\nbase_url = https://wandb.example.org\n",
+              NETRC: "machine wandb.example.org login user password k\n"}, False),
+        ({}, {SETTINGS: "[default]\nbase_url = https://wandb.example.org\n",
+              NETRC: "machine api.wandb.ai login user password k\n"}, True),
+        ({}, {SETTINGS: "mode = offline\n"}, False),  # no section: left to the job's setup
     ],
 )  # fmt: skip
-def test_wandb_credentials_are_read_where_wandb_reads_them(tmp_path, environ, netrc, refused):
-    home = tmp_path / "home"
-    home.mkdir()
-    if netrc is not None:
-        (home / ".netrc").write_text(netrc)
-        (home / ".netrc").chmod(0o600)
+def test_wandb_credentials_are_read_where_wandb_reads_them(tmp_path, environ, files, refused):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o600)
     args = {"experiment": "Classifier", "logger": "wandb"}
+    environ = {"HOME": str(tmp_path / "home"), **environ}
+    root = tmp_path / "root"
     if not refused:
-        check_tracker_credentials("wandb", args, {"HOME": str(home), **environ})
+        check_tracker_credentials("wandb", args, root, environ)
         return
     with pytest.raises(ConfigError, match="logger='wandb' needs W&B credentials"):
-        check_tracker_credentials("wandb", args, {"HOME": str(home), **environ})
-    check_tracker_credentials("jsonl", args, {"HOME": str(home)})  # only W&B logs in
+        check_tracker_credentials("wandb", args, root, environ)
+    check_tracker_credentials("jsonl", args, root, environ)  # only W&B logs in
 
 
 SERVER = """
