@@ -49,19 +49,12 @@ def add(sub: Any) -> dict[str, Handler]:
     validate = command(sub, "validate", "evaluate a checkpoint on a split and print its metrics",
                        'nitro validate Classifier --weights "latest => best"')  # fmt: skip
     experiment_args(validate)
-    validate.add_argument("--weights", default="latest => best", help="a source (default: %(default)s)")  # fmt: skip
-    validate.add_argument("--split", default="val", help="the split to evaluate (default: %(default)s)")  # fmt: skip
-    validate.add_argument("--load-ema", action="store_true", help="evaluate the record's EMA weights")  # fmt: skip
+    _call_args(validate, ValidateCall, skip=("experiment", "run_dir", "overrides"))
 
     average = command(sub, "average", "average checkpoints of a run, optionally saving the result",
                       'nitro average runs/Classifier --source "latest => Average(Last(3))" --save avg.safetensors')  # fmt: skip
     average.add_argument("run_dir", help="the run directory, e.g. runs/Classifier")
-    average.add_argument("--source", default="latest => Average(Last(10))", help="what to average (default: %(default)s)")  # fmt: skip
-    average.add_argument("--save", help="write the average as a record here")
-    average.add_argument("--validate", action="store_true",
-                         help="also evaluate the average on --split and print its metrics")  # fmt: skip
-    average.add_argument("--experiment", help="with --validate: the registered experiment (default: the record's)")  # fmt: skip
-    average.add_argument("--split", default="val", help="with --validate: the split (default: %(default)s)")  # fmt: skip
+    _call_args(average, AverageCall, skip=("run_dir", "overrides"))
     average.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                          help="with --validate: a config field over the record's (JSON value)")  # fmt: skip
     average.add_argument("--experiment-module", action="append", default=[], metavar="MODULE",
@@ -86,7 +79,8 @@ def _call_args(p: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[s
     for name, info in model.model_fields.items():
         if name in skip:
             continue
-        flag, default = f"--{name.replace('_', '-')}", info.get_default(call_default_factory=True)
+        word = info.alias or name  # the name a call writes: average's validate
+        flag, default = f"--{word.replace('_', '-')}", info.get_default(call_default_factory=True)
         helps = f"{(info.description or '').replace('%', '%%')} (default: %(default)s)"
         ann = info.annotation
         union = get_args(ann) if isinstance(ann, UnionType) else (ann,)
@@ -103,7 +97,8 @@ def _call_args(p: argparse.ArgumentParser, model: type[BaseModel], skip: tuple[s
 
 def _call(model: type[C], args: argparse.Namespace, **fields: Any) -> C:
     """The call ``model`` the parsed options spell (with ``fields`` for those parsed apart)."""
-    given = {k: v for k, v in vars(args).items() if k in model.model_fields}
+    words = {info.alias or name for name, info in model.model_fields.items()}
+    given = {k: v for k, v in vars(args).items() if k in words}
     return model.model_validate({**given, **fields})
 
 
@@ -250,7 +245,7 @@ def _average(args: argparse.Namespace) -> int:
     save = None if args.save is None else absolute(args.save, "save")
     g = gate(args, run_dir, save)
     asked = _call(AverageCall, args, run_dir=run_dir, save=save, overrides=_overrides(args.set))
-    call, notes = checked_average(g, asked.model_copy(update={"validate_average": args.validate}))
+    call, notes = checked_average(g, asked)
     for note in notes:
         say(f"warning: {note}")
     with tempfile.TemporaryDirectory(prefix="nitro-average-") as scratch:

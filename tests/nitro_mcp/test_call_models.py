@@ -119,8 +119,17 @@ def test_the_tool_schema_the_job_spec_the_cli_and_nitro_take_the_call_models_fie
         sent = [info.alias or name for name, info in model.model_fields.items()]
         assert list(schemas[tool]["properties"]) == sent + tool_only[tool], tool
     (sub,) = [a for a in _parser()._actions if a.dest == "command"]
-    train_options = {a.dest for a in sub.choices["train"]._actions}
-    assert set(TrainCall.model_fields) - {"overrides"} <= train_options  # overrides: --set
+    for command, model in (("train", TrainCall), ("validate", ValidateCall),
+                           ("average", AverageCall)):  # fmt: skip
+        # one option per field of the call, generated from it (overrides: --set)
+        options = {a.dest for a in sub.choices[command]._actions}
+        fields = {info.alias or name for name, info in model.model_fields.items()}
+        assert fields - {"overrides"} <= options, (command, fields - options)
+        helps = {a.dest: a.help for a in sub.choices[command]._actions}
+        for name, info in model.model_fields.items():
+            if name not in ("overrides", "experiment", "run_dir") and info.description:
+                assert helps[info.alias or name].startswith(
+                    info.description.replace("%", "%%")), (command, name)  # fmt: skip
     nitro = set(inspect.signature(Nitro.__init__).parameters)
     assert set(TrainCall(experiment="X").nitro_kwargs()) <= nitro
     assert set(ValidateCall(experiment="X").nitro_kwargs()) <= nitro
