@@ -230,7 +230,9 @@ POINTS_WORKER = Path(__file__).parents[1] / "_points_worker.py"
         pytest.param("stateful2", marks=needs_torchdata),
     ],
 )
-def test_sigkilled_ten_times_and_resumed_each_time_equals_the_uninterrupted_run(tmp_path, split):
+def test_sigkilled_ten_times_and_resumed_each_time_equals_the_uninterrupted_run(
+    tmp_path, split, monkeypatch
+):
     import random
     import subprocess
     import sys
@@ -253,6 +255,9 @@ def test_sigkilled_ten_times_and_resumed_each_time_equals_the_uninterrupted_run(
             self.logs[proc.pid] = log
             return proc
 
+    from nitro_core.store.reclaim import record_like
+
+    monkeypatch.setenv("NITRO_RECLAIM_AFTER_S", "0")  # each life reclaims what the last left
     workers = PointWorkers(tmp_path)
     try:
         rnd = random.Random(f"kills-{split}")
@@ -298,5 +303,8 @@ def test_sigkilled_ten_times_and_resumed_each_time_equals_the_uninterrupted_run(
         problems = manifest_problems(run_b)
         assert not problems, "; ".join(problems)
         assert {e.run for e in read_manifest(run_b)} == {read_manifest(run_b)[0].run}
+        listed = {e.file for e in read_manifest(run_b)}  # no record a kill left stays (issue 34)
+        leaked = [p.name for p in run_b.iterdir() if record_like(p.name) and p.name not in listed]
+        assert not leaked, leaked
     finally:
         workers.close()
