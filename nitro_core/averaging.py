@@ -61,6 +61,18 @@ class Averaged:
     meta: dict[str, Any]  # the state record's header
     averaged_from: dict[str, Any]
 
+    def __repr__(self) -> str:
+        """What it is, not its tensors: ``Averaged(4 tensors, 1,153 parameters, float32;
+        epochs [2, 3] of run 1a2b3c4d in 'runs/r'; ema: no)``."""
+        count = sum(t.numel() for t in self.state.values())
+        dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in self.state.values()})
+        src = self.averaged_from
+        return (
+            f"Averaged({len(self.state)} tensors, {count:,} parameters, {'/'.join(dtypes)}; "
+            f"epochs {src.get('epochs')} of run {src.get('run')} in {src.get('directory')!r}; "
+            f"ema: {'yes' if self.ema is not None else 'no'})"
+        )
+
 
 def average(
     resolved: Resolved, run_dir: Path, load_ema: bool = False, shown: str | None = None

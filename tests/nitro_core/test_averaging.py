@@ -337,3 +337,19 @@ def test_streams_that_disagree_on_the_tensor_are_refused_not_added():
         "The records picked yield 'params/a' beside ['params/b']: they do not share one "
         "layout. Average records of one run and one kind."
     )
+
+
+def test_an_average_prints_what_it_is_not_its_tensors(tmp_path):
+    """``print(average_checkpoints(...))`` once dumped every tensor (issue 38)."""
+    from nitro_core import Nitro, average_checkpoints
+    from nitro_core.examples import Regression
+
+    run = tmp_path / "runs/r"
+    n = Nitro(Regression(max_epochs=3, samples=64), run_dir=run).train()
+    avg = average_checkpoints(run, "latest => Average(Last(2))")
+    assert repr(avg) == (
+        f"Averaged(4 tensors, 321 parameters, float32; epochs [2, 3] of run {n.run_id} in "
+        f"{str(run)!r}; ema: no)"
+    )
+    assert "tensor(" not in str(avg)
+    n.close()
