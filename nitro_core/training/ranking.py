@@ -104,6 +104,16 @@ def resolve(
                 f"{name} uses {' and '.join(watchers)}, which watch the validation monitor, but "
                 "build_data() has no 'val' split. Add a 'val' split or remove them."
             )
+        ranked = [str(s) for s in (ckpt.keep if ckpt is not None else ()) if s.ranks]
+        if ranked:  # with a Last too: it trains and keeps, but never a best
+            warnings.warn(
+                f"{name} keeps {', '.join(ranked)} but build_data() has no 'val' split, so no "
+                "record gets a score: it keeps no best, and restore_best and 'best' sources "
+                "find none. Add a 'val' split, or keep only the latest: "
+                f"Checkpointer(keep=Last({ckpt.keep_latest if ckpt else 1})).",
+                NitroWarning,
+                stacklevel=5,
+            )
     if ckpt is not None and not ckpt.keep_latest and not ckpt.best_only:
         warnings.warn(
             f"keep={ckpt} has no Last, so an epoch is written only when a selector keeps it: the "

@@ -132,6 +132,32 @@ def test_best_only_keep_without_a_val_split_is_refused(tmp_path):
     )
 
 
+def test_a_best_beside_a_last_without_a_val_split_warns_at_construction(tmp_path):
+    """It trains and keeps the latest, but every score is null: a best is never kept, and
+    nothing used to say so (issue 38)."""
+
+    class BestAndLastNoVal(NoVal):
+        def checkpointer(self):
+            return Checkpointer(keep=(Best(3), Last(2)))
+
+    with pytest.warns(NitroWarning) as caught:
+        Nitro(BestAndLastNoVal(), run_dir=tmp_path)
+    said = [str(w.message) for w in caught]
+    assert (
+        "BestAndLastNoVal keeps Best(3) but build_data() has no 'val' split, so no record gets "
+        "a score: it keeps no best, and restore_best and 'best' sources find none. Add a 'val' "
+        "split, or keep only the latest: Checkpointer(keep=Last(2))."
+    ) in said, said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same keep with a 'val' split: not a word
+        Nitro(KeepLastAndBest(), run_dir=tmp_path / "with-val")
+
+
+class KeepLastAndBest(Tiny):
+    def checkpointer(self):
+        return Checkpointer(keep=(Best(3), Last(2)))
+
+
 def test_best_only_keep_warns_that_the_final_state_may_not_be_saved(tmp_path):
     with pytest.warns(NitroWarning) as caught:
         Nitro(BestOnly(), run_dir=tmp_path)
