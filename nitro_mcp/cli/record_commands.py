@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nitro_core.store.place import place
 from nitro_mcp.cli.common import (
     FAILED,
     OK,
     Handler,
+    absolute,
     cell,
     command,
     count,
@@ -27,6 +27,7 @@ from nitro_mcp.cli.common import (
     gate,
     root_option,
     run_directory,
+    run_place,
     table,
 )
 
@@ -119,9 +120,7 @@ def _more(name: str, path: str | None, cursor: str) -> str:
 def _manifest(args: argparse.Namespace) -> int:
     from nitro_mcp.tools.record_tools import manifest_page  # lazy: the gate imports torch
 
-    if place(args.run_dir, "run_dir").local_path() is None:
-        return _manifest_of_url(args)
-    given = str(run_directory(args.run_dir).resolve())
+    given = run_place(args.run_dir)  # a URL as written, else an existing directory
     result = manifest_page(gate(args, given), given, args.limit, args.cursor)
 
     def lines() -> Iterator[str]:
@@ -140,18 +139,11 @@ def _manifest(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     from nitro_mcp.tools.record_tools import record_header  # lazy: the gate imports torch
 
-    if place(args.file).local_path() is None:  # its header alone, by ranged reads
-        from nitro_core.info import checkpoint_info  # lazy
-
-        header = checkpoint_info(args.file)
-        emit(args, {"path": args.file, "header": header},
-             lambda: (f"{k}: {_value(v)}" for k, v in header.items()))  # fmt: skip
-        return OK
-    given = str(Path(args.file).resolve())
+    given = absolute(args.file, "path")  # a URL as written: its header by ranged reads
     if args.full:  # the whole header, which no tool reply carries
         from nitro_core import checkpoint_info  # lazy
 
-        data: Any = {"path": args.file, "header": checkpoint_info(Path(args.file))}
+        data: Any = {"path": args.file, "header": checkpoint_info(given)}
     else:
         data = record_header(gate(args, given, up=2), given)
     header = data["header"] if isinstance(data, dict) else data.header
@@ -164,18 +156,10 @@ def _value(v: Any) -> str:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    if args.json and place(args.path).local_path() is None:
-        from nitro_core.verification import verify as verify_url  # lazy
-
-        checks = verify_url(args.path)
-        data = {"path": args.path, "ok": all(c.ok for c in checks),
-                "records": [c.model_dump() for c in checks]}  # fmt: skip
-        emit(args, data, list)
-        return OK if data["ok"] else FAILED
     if args.json:
         from nitro_mcp.tools.record_tools import verify_path  # lazy: the gate imports torch
 
-        given = str(Path(args.path).resolve())
+        given = absolute(args.path, "path")
         result = verify_path(gate(args, given, up=2), given)
         emit(args, result, list)
         return OK if result.ok else FAILED
@@ -191,31 +175,6 @@ def _verify(args: argparse.Namespace) -> int:
     bad = sum(not c.ok for c in checks)
     print(f"{len(checks)} record(s) checked, {bad} corrupt")
     return FAILED if bad else OK
-
-
-def _manifest_of_url(args: argparse.Namespace) -> int:
-    """The manifest of a run directory on object storage (one page: ``--limit`` entries
-    from ``--cursor``, an entry's index)."""
-    from nitro_core import read_manifest  # lazy
-
-    entries = read_manifest(args.run_dir)
-    start = int(args.cursor) if args.cursor and args.cursor.isdigit() else 0
-    page = entries[start : start + args.limit]
-    more = str(start + len(page)) if start + len(page) < len(entries) else None
-    data = {"run_dir": args.run_dir, "total": len(entries), "next_cursor": more,
-            "entries": [e.model_dump(mode="json") for e in page]}  # fmt: skip
-
-    def lines() -> Iterator[str]:
-        yield f"{args.run_dir}: {len(entries)} entries"
-        rows = [[e.run, e.epoch, e.step, None if e.score is None else f"{e.metric}={cell(e.score)}",
-                 e.bytes, e.file, e.stop_reason] for e in page]  # fmt: skip
-        if rows:
-            yield from table(["run", "epoch", "step", "score", "bytes", "file", "stop"], rows)
-        if more is not None:
-            yield _more("manifest", args.run_dir, more)
-
-    emit(args, data, lines)
-    return OK
 
 
 def _push(args: argparse.Namespace) -> int:
