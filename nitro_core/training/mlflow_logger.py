@@ -4,17 +4,23 @@ The tracking server is ``tracking_uri`` when given, else MLflow's own choice (th
 ``MLFLOW_TRACKING_URI`` environment variable, else its default store); the experiment is
 ``experiment_name``, else ``MLFLOW_EXPERIMENT_NAME``, else ``"nitro"``. The MLflow run's id,
 experiment and tracking URI are kept in every record, so a resume logs to the same MLflow
-run on the same server (:mod:`nitro_core.training.trackers` says how no step is sent twice).
-``mlflow`` is imported when the first row is sent, never at import.
+run on the same server (:mod:`nitro_core.training.trackers` says how no step is sent twice,
+and what happens when the server does not answer). At setup, a tracking server (an
+``http(s)://`` URI) is asked for any answer within ``NITRO_TRACKER_TIMEOUT_S``; a local
+store (``sqlite:``, a directory) has none to ask. ``mlflow`` is imported when the first row
+is sent, never at import or setup.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
-from nitro_core.training.trackers import TrackerLogger, require
+from nitro_core.training.tracker_calls import unreachable
+from nitro_core.training.trackers import TrackerLogger, Unanswered, require
 
 DEFAULT_EXPERIMENT = "nitro"
 
@@ -26,6 +32,9 @@ class MLflowLogger(TrackerLogger):
     created; its name is the Nitro run id. Needs ``pip install 'nitro[mlflow]'``."""
 
     backend = "mlflow"
+    tracker = "MLflow"
+    modules = ("mlflow.tracking", "mlflow.entities")
+    id_key = "run_id"
 
     def __init__(
         self,
@@ -38,6 +47,25 @@ class MLflowLogger(TrackerLogger):
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
         self._client: Any = None
+        self._uri: str | None = None  # where a new MLflow run goes (None: MLflow's default)
+
+    def _check(self, ids: dict[str, Any] | None) -> Unanswered | None:
+        self._uri = self.tracking_uri or _configured_uri()
+        uri = ids["tracking_uri"] if ids else self._uri
+        if uri is None or urlsplit(uri).scheme not in ("http", "https"):
+            return None  # a local store: nothing to ask
+        why = unreachable(f"{uri.rstrip('/')}/health", self._seconds)
+        if why is None:
+            return None
+        return Unanswered(
+            f"cannot reach the MLflow tracking server at {uri}: {why}",
+            "Start the server, or point MLFLOW_TRACKING_URI (or MLflowLogger(tracking_uri=...)) "
+            "at one that answers",
+        )
+
+    def _where(self) -> str:
+        uri = self.ids["tracking_uri"] if self.ids else self._uri
+        return f"at {uri}" if uri else "(its default store)"
 
     def _start(self, ids: dict[str, Any] | None) -> dict[str, Any]:
         from mlflow.tracking import MlflowClient, get_tracking_uri  # lazy: a heavy import
@@ -46,7 +74,7 @@ class MLflowLogger(TrackerLogger):
             self._client = MlflowClient(tracking_uri=ids["tracking_uri"])
             self._client.update_run(ids["run_id"], status="RUNNING")
             return ids
-        uri = self.tracking_uri or get_tracking_uri()
+        uri = self._uri or get_tracking_uri()
         client = self._client = MlflowClient(tracking_uri=uri)
         name = (
             self.experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
@@ -80,3 +108,13 @@ class MLflowLogger(TrackerLogger):
         assert self.ids is not None
         self._client.set_terminated(self.ids["run_id"], status="FINISHED")
         self._client = None
+
+
+def _configured_uri() -> str | None:
+    """The tracking URI MLflow would use, without importing it: ``mlflow.set_tracking_uri``
+    can only have been called once ``mlflow`` is imported; before, only the environment
+    names one (else MLflow's default, a local store)."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None:
+        return str(mlflow.get_tracking_uri())
+    return os.environ.get("MLFLOW_TRACKING_URI") or None

@@ -8,8 +8,13 @@ project, entity and directory are kept in every record, so a resume continues th
 run (``resume="allow"``) and sends no step twice (:mod:`nitro_core.training.trackers`): the
 last step it holds is the resumed run's starting step online, and is read from the run's
 earlier offline files (``<dir>/wandb/offline-run-*-<id>/run-<id>.wandb``) offline.
-``wandb`` is imported when the first row is sent, never at import; it captures no console
-output (stdout may be an MCP channel).
+Online, setup checks that W&B has credentials (``wandb login``, ``WANDB_API_KEY``) and that
+its server (``WANDB_BASE_URL``) answers within ``NITRO_TRACKER_TIMEOUT_S``; a fresh run is
+refused otherwise, naming what to do (``wandb login``, or ``WANDB_MODE=offline`` and
+``wandb sync`` later), and a resume goes on without W&B (:mod:`nitro_core.training.trackers`).
+``wandb`` is imported at setup to read its settings unless ``mode`` is ``offline``,
+``dryrun`` or ``disabled``, never at import; it captures no console output (stdout may be an
+MCP channel).
 """
 
 from __future__ import annotations
@@ -21,9 +26,15 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from nitro_core.training.trackers import TrackerLogger, require
+from nitro_core.training.tracker_calls import bounded, reason, unreachable
+from nitro_core.training.trackers import TrackerLogger, Unanswered, require
 
 DEFAULT_PROJECT = "nitro"
+LOCAL_MODES = ("offline", "dryrun", "disabled")  # W&B's modes that ask no server
+OFFLINE_FIX = (
+    "log offline with WANDB_MODE=offline (or WandbLogger(mode='offline')) and upload later "
+    "with `wandb sync`"
+)
 _BLOCK = 32768  # the .wandb file: LevelDB-style blocks of records, after a 7-byte header
 _HEADER = 7
 
@@ -35,6 +46,8 @@ class WandbLogger(TrackerLogger):
     ``pip install 'nitro[wandb]'``."""
 
     backend = "wandb"
+    tracker = "W&B"
+    modules = ("wandb",)
 
     def __init__(
         self,
@@ -49,6 +62,44 @@ class WandbLogger(TrackerLogger):
         self.project, self.entity, self.mode = project, entity, mode
         self.dir = None if dir is None else str(dir)
         self._run: Any = None
+        self._url: str | None = None  # the server asked, online (None: offline)
+
+    def _check(self, ids: dict[str, Any] | None) -> Unanswered | None:
+        if self.mode in LOCAL_MODES:
+            return None
+        import wandb  # lazy: its settings resolved (environment, settings files)
+
+        settings = wandb.setup().settings
+        if (self.mode or settings.mode) in LOCAL_MODES:
+            return None
+        self._url = url = str(settings.base_url)
+        login = f"Run `wandb login` (or set WANDB_API_KEY), or {OFFLINE_FIX}"
+        try:  # no network without credentials; with them, its "logged in" line may ask
+            has_credentials = wandb.run is not None or bounded(
+                lambda: wandb.login(prompt=False, verify=False), self._seconds
+            )
+        except TimeoutError as exc:
+            return self._unreachable(reason(exc, self._seconds))
+        except Exception as exc:  # credentials it does not take (a malformed key)
+            refused = reason(exc, self._seconds)
+            return Unanswered(
+                f"logs online to {url}, but W&B refuses its credentials: {refused}", login
+            )
+        if not has_credentials:
+            return Unanswered(
+                f"logs online to {url}, but no W&B credentials are configured here", login
+            )
+        why = unreachable(url, self._seconds)
+        return None if why is None else self._unreachable(why)
+
+    def _unreachable(self, why: str) -> Unanswered:
+        return Unanswered(
+            f"cannot reach the W&B server at {self._url}: {why}",
+            f"Point WANDB_BASE_URL at a server that answers, or {OFFLINE_FIX}",
+        )
+
+    def _where(self) -> str:
+        return f"at {self._url}" if self._url else "(offline)"
 
     def _start(self, ids: dict[str, Any] | None) -> dict[str, Any]:
         import wandb  # lazy: a heavy import

@@ -7,14 +7,9 @@ equal to an uninterrupted run's. Nothing leaves 127.0.0.1."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import struct
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,9 +18,9 @@ from nitro_core import ConfigError, JSONLLogger, Nitro, ResumeRefused
 from nitro_core.experiment import config_of
 
 from ..tiny import Tiny
+from .mlflow_servers import QUIET, server_process
 
 KEYS = ("train_loss", "val/loss", "lr", "epoch")
-QUIET = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "WANDB_SILENT": "true"}
 
 
 class Killed(Exception):
@@ -67,52 +62,13 @@ def quiet(monkeypatch):
 
 
 # -- MLflow ------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answering(uri: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{uri}/health", timeout=2) as reply:
-            return reply.status == 200
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """``mlflow server`` on a SQLite store and a free port of 127.0.0.1, until the module's
     tests are done; waited for until it answers, stopped by its pid (its process group)."""
     pytest.importorskip("mlflow")
-    root = tmp_path_factory.mktemp("mlflow")
-    port = _free_port()
-    uri = f"http://127.0.0.1:{port}"
-    log = open(root / "server.log", "wb")  # noqa: SIM115
-    server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("mlflow")), "server",
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--default-artifact-root", str(root / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root,
-        env={**os.environ, **QUIET},
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 180
-        while not _answering(uri):
-            if server.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"mlflow server did not answer: {(root / 'server.log').read_text()}")
-            time.sleep(0.2)  # poll again: the state waited for is the server answering
+    with server_process(tmp_path_factory.mktemp("mlflow")) as (uri, _):
         yield uri
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
 
 
 def _mlflow_series(client, run_id, key):
