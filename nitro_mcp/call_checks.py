@@ -36,6 +36,7 @@ from nitro_mcp.refusals import for_tool
 from nitro_mcp.tool_calls import tool_call, value
 
 if TYPE_CHECKING:
+    from nitro_core.store.run import RunStore
     from nitro_core.training.resume import ResumePoint
 
 E = TypeVar("E", bound=Experiment)
@@ -47,7 +48,10 @@ _SETTINGS_MAX = 1024 * 1024  # bytes of a netrc or W&B settings file read
 
 
 def from_record(
-    cls: type[E], source: Source, run_dir: Path | str, overrides: Mapping[str, Any] | None
+    cls: type[E],
+    source: Source,
+    run_dir: Path | str | RunStore,
+    overrides: Mapping[str, Any] | None,
 ) -> tuple[E, list[str], Path | str]:
     """``cls`` built from the config of the record ``source`` names (an ``Average``: its
     state record), with ``overrides`` on top; the warnings naming each difference; and the

@@ -182,6 +182,14 @@ class Gate:
             return url
         return under_storage(self.storages, str(text), what)
 
+    def rooted_in(self, source: Source, store: RunStore, keyword: str) -> Source:
+        """A path source of a call confined where its run directory ``store`` lies: on
+        object storage as :meth:`rooted_at` says, else as :meth:`rooted` does."""
+        url = self.storage_url(str(store))
+        if url is None:
+            return self.rooted(source, store.local, keyword)
+        return self.rooted_at(source, url, keyword)
+
     def rooted_at(self, source: Source, url: ObjectUrl, keyword: str) -> Source:
         """A path source of a call whose run directory is the object-store ``url``: a
         record's name there (kept as it is), a URL under the storage, or a local path

@@ -35,6 +35,7 @@ from nitro_core.store import (
     reclaim,
     record_header,
     removal,
+    safeio,
 )
 from nitro_core.store.manifest import Manifest, ManifestEntry, Point, point_of
 from nitro_core.store.objects import ObjectUrl
@@ -135,6 +136,11 @@ class RunStore(ABC):
         without a manifest): its readers check it against its own header's digests."""
 
     # -- writes ------------------------------------------------------------------------------
+    @abstractmethod
+    def check_writable(self) -> None:
+        """Refuse, before anything starts, a run directory this process cannot write in (a
+        disk's permissions; an object store answers at its first write)."""
+
     @abstractmethod
     def lock(self) -> contextlib.AbstractContextManager[None]:
         """Held while a writer decides a name from the manifest and claims it."""
@@ -286,6 +292,9 @@ class LocalRun(RunStore):
             f"Run {run} cannot write {name!r} in {str(self)!r}: " + taken.format(run=run)
         )
 
+    def check_writable(self) -> None:
+        safeio.check_writable(self.local)
+
     def reclaim(self, dry_run: bool = False) -> list[Leftover]:
         if not self.local.is_dir():
             return []
@@ -425,6 +434,9 @@ class ObjectRun(RunStore):
             "Delete the objects the manifest does not list "
             f"(nitro verify {self} names them), then continue with resume='auto'."
         )
+
+    def check_writable(self) -> None:
+        pass  # the store answers at the first write (credentials, a policy): said then
 
     def reclaim(self, dry_run: bool = False) -> list[Leftover]:
         return object_run.reclaim(self.url, reclaim.age_s(), dry_run)

@@ -24,6 +24,7 @@ from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 from nitro_core.errors import NitroWarning
 from nitro_core.experiment import Experiment, config_of, same_value
 from nitro_core.sources.lookup import header_in
+from nitro_core.store.run import RunStore
 
 E = TypeVar("E", bound=Experiment)
 
@@ -37,7 +38,7 @@ class RecordConfig:
     config: dict[str, Any] | None  # None: the header holds no config
 
 
-def record_config(source: Any, run_dir: str | Path | None = None) -> RecordConfig:
+def record_config(source: Any, run_dir: str | Path | RunStore | None = None) -> RecordConfig:
     """The recorded config of the record ``source`` names in ``run_dir`` (for an
     ``Average``, the state record it resolves to). A path needs no ``run_dir``."""
     _, where, meta = header_in(  # of an Average: its state record; on S3 its header alone

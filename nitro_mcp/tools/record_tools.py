@@ -52,16 +52,14 @@ def register(server: NitroServer, gate: Gate) -> None:
     @tool(server, "A checkpoint's header (no tensors read): epoch, step, run, config, metrics, "
           "layout.")  # fmt: skip
     async def nitro_checkpoint_info(
-        path: Annotated[str, Field(description="A record (or its URL, under --storage).")],
+        path: Annotated[str, Field(description="A record or URL.")],
     ) -> models.CheckpointInfoResult:
         return await off_loop(record_header, gate, path)
 
     @tool(server, "Check every byte of a record, or of a run directory's records, against "
           "digests.")  # fmt: skip
     async def nitro_verify(
-        path: Annotated[
-            str, Field(description="A record or a run directory (or its URL, under --storage).")
-        ],
+        path: Annotated[str, Field(description="A record, run directory or URL.")],
     ) -> models.VerifyResult:
         return await off_loop(verify_path, gate, path)
 

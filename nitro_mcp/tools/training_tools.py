@@ -25,7 +25,6 @@ from nitro_core.jobs.manager import new_job_id
 from nitro_core.jobs.rank_launch import process_limit
 from nitro_core.sources.grammar import Average, to_source
 from nitro_core.store.place import ObjectPlace
-from nitro_core.store.safeio import check_writable
 from nitro_core.training.options import check_options
 from nitro_mcp import call_checks, following, models, observe, seed_groups
 from nitro_mcp.arguments import arguments_model, flag_text
@@ -224,25 +223,21 @@ def _checked_train(
     def shapes(exp: Any) -> dict[str, list[int]] | None:
         return gate.shapes(experiment, exp)
 
-    url = gate.storage_url(call.run_dir)  # an object-store run directory, under --storage
-    store = gate.run_store(call.run_dir, experiment)
-    where, place = store.local, str(store)  # its records as read here; the job's run_dir
+    store = gate.run_store(call.run_dir, experiment)  # on object storage: under --storage
+    place = str(store)  # the job's run_dir: a path, or a URL
     observe.check_logger_name(call.logger)  # tensorboard installed here
     call = call.model_copy(
         update={"run_dir": place, "resume": resume, "restore_best": restore_best}
     )
     args = train_arguments(**{**call.model_dump(), "run_dir": shown(gate.root, place)})
-    if url is None:  # a directory the job creates and writes in, refused now if it cannot
-        check_writable(where)
+    store.check_writable()  # a directory the job creates and writes in, refused now if it cannot
     call_checks.check_tracker_credentials(call.logger, args, gate.root)  # where jobs run
     busy = call_checks.busy_job(gate.jobs, place)
     if busy is not None and not after_running:
         raise call_checks.refuse_busy(busy, args)
 
     def rooted(source: Any) -> Any:  # confined under the root, or under the storage
-        if url is None:
-            return gate.rooted(source, where, "resume")
-        return gate.rooted_at(source, url, "resume")
+        return gate.rooted_in(source, store, "resume")
 
     # the pre-flight the handle starts from too: options, seed, device, budget, the manifest
     # and the resumed record's header (on object storage by ranged reads), nothing built
@@ -264,7 +259,7 @@ def _checked_train(
     hooks = gate.ask(experiment, exp, "logger", keep_for=average) if point or average else {}
     observe.check_logger(call.logger, point, exp, args, hooks.get("logger"))
     if opts.weights is not None:
-        found = gate.check_source(opts.weights, place if url else where, "weights")
+        found = gate.check_source(opts.weights, place, "weights")  # a path, or a URL
         if opts.weights.hf_directory() is not None:  # its shards' headers name its tensors
             assert isinstance(found, Path)  # hf: names a local directory
             check_hf_fits(exp, found, call.strict, str(weights), "nitro_train", args, shapes)
@@ -337,22 +332,15 @@ async def validate(
 def _submit_validate(gate: Gate, call: ValidateCall) -> tuple[JobStatus, list[str]]:
     experiment, overrides = call.experiment, call.overrides
     cls = gate.experiment_class(experiment, overrides)
-    url = gate.storage_url(call.run_dir)
-    where = gate.run_dir(call.run_dir, experiment) if url is None else None
+    store = gate.run_store(call.run_dir, experiment)  # on object storage: under --storage
     opts = check_options(False, call.weights, False, False, call.load_ema, True)
     assert opts.weights is not None  # weights is a string, so it became a source
-    if where is None:  # an object-store run directory: the record's header is read there
-        assert url is not None
-        rooted = gate.rooted_at(opts.weights, url, "weights")
-        exp, notes, path = call_checks.from_record(cls, rooted, str(url), overrides)
-    else:
-        rooted = gate.rooted(opts.weights, where, "weights")
-        exp, notes, path = call_checks.from_record(cls, rooted, where, overrides)  # its config
+    rooted = gate.rooted_in(opts.weights, store, "weights")
+    # its config, from the record's header (on object storage by ranged reads)
+    exp, notes, path = call_checks.from_record(cls, rooted, store, overrides)
     named = gate.named(path)
-    call = call.model_copy(update={"run_dir": str(url or where)})
-    args = arguments(
-        ValidateCall, {**call.model_dump(), "run_dir": str(url) if url else shown(gate.root, where)}
-    )
+    call = call.model_copy(update={"run_dir": str(store)})
+    args = arguments(ValidateCall, {**call.model_dump(), "run_dir": shown(gate.root, str(store))})
     check_record_fits(exp, path, True, named, "nitro_validate", args, gate.registry,
                       lambda e: gate.shapes(experiment, e), call.load_ema)  # fmt: skip
     gate.check_split(experiment, call.split)
