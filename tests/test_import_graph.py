@@ -198,3 +198,16 @@ def test_light_imports_do_not_load_torch(code):
     probe = f"{code}; import sys; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+TOOLS = {  # tools shipped beside the product, and the one entry point each may be reached by
+    "nitro_core.jobs.slurm_local": set(),  # python -m nitro_core.jobs.slurm_local up|down|status
+    "nitro_mcp.demo": {"nitro_mcp.cli.serving_commands"},  # nitro demo
+}
+
+
+def test_the_loopback_cluster_and_the_demo_are_tools_no_product_path_imports():
+    """The loopback Slurm launcher and the demo driver ship in the wheel, importable where
+    DESIGN names them, but no code path of the product imports them (issue 33, point 6)."""
+    importers = {tool: {m for m, targets in graph().items() if tool in targets} for tool in TOOLS}
+    assert importers == TOOLS, importers
