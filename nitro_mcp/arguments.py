@@ -205,12 +205,16 @@ def argument_errors(model: type[BaseModel], exc: ValidationError) -> str:
             said = str(err.get("ctx", {}).get("error", err["msg"]))  # check (slurm's options)
             parts.setdefault(".".join(map(str, err["loc"])), said.rstrip("."))
             continue
+        inside = _place(schema, err["loc"]) if len(err["loc"]) > 1 else None
+        if inside is not None:  # in a nested model: an unknown option, a value of a wrong type
+            parts.setdefault(_path(err["loc"]), _nested_error(schema, err, inside))
+            continue
         name = str(err["loc"][0]) if err["loc"] else "arguments"
         refusal = _refusal(fields.get(name))
         if refusal is not None and err["type"] in _OUT_OF_BOUNDS:
             parts.setdefault(name, refusal.say(clip(err.get("input"))).rstrip("."))
             continue
-        prop = schema.get("properties", {}).get(name, {})
+        prop = _resolved(schema, schema.get("properties", {}).get(name, {}))
         if err["type"] == "bool_type" and [a.get("type") for a in _arms(prop)] == ["boolean"]:
             parts.setdefault(name, _not_a_boolean(name, err.get("input"), prop))
             continue
@@ -220,6 +224,67 @@ def argument_errors(model: type[BaseModel], exc: ValidationError) -> str:
             text = f"{name}={clip(err.get('input'))} is not {_expected(prop)}"
         parts.setdefault(name, f"{text}; send e.g. {name}={_value(_example(prop))}")
     return "; ".join(parts.values()) + "."
+
+
+def _nested_error(schema: dict[str, Any], err: Any, prop: dict[str, Any]) -> str:
+    """A refusal inside a nested model (``slurm={"partiton": ...}``; ``prop``: the schema
+    at its place) in the words of a top-level one: an unknown option named with what the
+    model takes, else what the value is not and one to send."""
+    loc, path = err["loc"], _path(err["loc"])
+    if err["type"] == "extra_forbidden":
+        names = _object(schema, _place(schema, loc[:-1]) or {}).get("properties", {})
+        return f"unknown argument {path!r}; {_path(loc[:-1])} takes: {', '.join(names)}"
+    prop = _resolved(schema, prop)
+    text = f"{path}={clip(err.get('input'))} is not {_expected(prop)}"
+    return f"{text}; send e.g. {path}={_value(_example(prop))}"
+
+
+def _place(schema: dict[str, Any], loc: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The schema at ``loc``: an argument, an option of a nested model or an item of a list
+    (``slurm``, ``slurm.account``, ``slurm.extra[0]``; ``{}`` for an option the model does
+    not have); None where the schema has no such place (a union's arm: ``resume.bool``)."""
+    prop = schema
+    for depth, part in enumerate(loc):
+        node = _object(schema, prop) if depth else schema
+        found: dict[str, Any] | None = None
+        if isinstance(part, int):
+            found = node.get("items")
+        elif "properties" in node:
+            found = node["properties"].get(part)
+            if found is None and 0 < depth == len(loc) - 1:
+                found = {}  # an option the model does not have: a typo
+        if found is None:
+            return None
+        prop = found
+    return prop
+
+
+def _path(loc: tuple[Any, ...]) -> str:
+    """``slurm.extra[0]``: an argument's place as a caller writes it."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def _object(schema: dict[str, Any], prop: dict[str, Any]) -> dict[str, Any]:
+    """The arm of ``prop`` that is an object or a list (a nested model, maybe optional)."""
+    for arm in prop.get("anyOf", [prop]):
+        arm = _deref(schema, arm)
+        if "properties" in arm or "items" in arm:
+            return arm
+    return {}
+
+
+def _resolved(schema: dict[str, Any], prop: dict[str, Any]) -> dict[str, Any]:
+    """``prop`` with each arm that refers to a definition (a nested model) replaced by it."""
+    if "anyOf" not in prop:
+        return _deref(schema, prop)
+    return {**prop, "anyOf": [_deref(schema, arm) for arm in prop["anyOf"]]}
+
+
+def _deref(schema: dict[str, Any], prop: dict[str, Any]) -> dict[str, Any]:
+    ref = prop.get("$ref", "")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        return dict(schema.get("$defs", {}).get(ref.removeprefix("#/$defs/"), {}))
+    return prop
 
 
 # a value of the right type outside the field's bounds or closed set: its Refusal says it
@@ -287,6 +352,9 @@ def _example(prop: dict[str, Any]) -> Any:
     if prop.get("default") is not None:
         return prop["default"]
     arm = _arms(prop)[0]
+    if arm.get("properties"):  # a nested model: its first option
+        first, sub = next(iter(arm["properties"].items()))
+        return {first: _example(sub)}
     return arm["enum"][0] if "enum" in arm else _SAMPLE.get(arm.get("type", ""), "...")
 
 

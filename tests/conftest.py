@@ -14,13 +14,18 @@ import torch
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 
-@pytest.fixture(scope="session")
-def s3_endpoint():
-    """A SeaweedFS server (tests/s3_server.py) for every test that needs object storage,
-    started once, on first use, and stopped by its pid at the end of the session."""
-    from tests.s3_server import seaweedfs
+S3_SERVERS = ("seaweedfs", "moto")  # tests/s3_server.py: each S3 test runs against both
 
-    with seaweedfs() as url:
+
+@pytest.fixture(scope="session", params=S3_SERVERS)
+def s3_endpoint(request):
+    """A real S3 server (tests/s3_server.py) for every test that needs object storage: each
+    such test runs on SeaweedFS and on moto's server (the slow ones on SeaweedFS alone: see
+    ``pytest_collection_modifyitems``). Each server is started once, on first use, and
+    stopped by its pid when its tests are done."""
+    from tests import s3_server
+
+    with getattr(s3_server, request.param)() as url:
         yield url
 
 
@@ -31,9 +36,20 @@ def _isolated(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
+    # the slow S3 tests (kill loops, torchrun) run on SeaweedFS only: on moto too they
+    # would double the slow suite's S3 time for what the default suite's tests check there
+    moto = [item for item in items if _s3_server(item) == "moto" and "slow" in item.keywords]
+    if moto:
+        config.hook.pytest_deselected(items=moto)
+        items[:] = [item for item in items if item not in moto]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run bench/gpu_check.sh on a CUDA machine)")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+def _s3_server(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("s3_endpoint") if callspec is not None else None

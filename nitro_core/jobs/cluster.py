@@ -59,7 +59,7 @@ def refresh(directory: Path, status: JobStatus, engine: slurm.Engine) -> JobStat
     ended = read_status(directory)  # the worker may have recorded its end meanwhile
     if ended.state not in ("queued", "running"):
         return ended
-    word = (said.state or "unknown to the scheduler").split()[0]
+    word = said.state.split()[0] if said.state else "unknown to the scheduler"
     changes, event = ending(word, said.source, status.slurm_id, status.stop_requested,
                             _last_record(status))  # fmt: skip
 

@@ -87,6 +87,18 @@ BAD_CALLS = [
      "save='runs/avg' must name a .safetensors file, e.g. save='runs/Classifier/avg10.safetensors'."),
     ("nitro_jobs", {"cursor": "²"}, "cursor='²' is not a cursor; pass the next_cursor of the previous page."),
     ("nitro_checkpoint_info", {"path": "runs/none.safetensors"}, "path='runs/none.safetensors' is not a file under the server's root"),
+    ("nitro_train", {"experiment": "Regression", "time_limit": 0},
+     "time_limit=0 is not a time budget; send a positive number of seconds, e.g. time_limit=3600, or leave it out."),
+    ("nitro_train", {"experiment": "Regression", "executor": "slurm", "nodes": 0},
+     "nodes=0 is not a node count; send an integer from 1 to 1024, e.g. nodes=2 (with executor='slurm')."),
+    ("nitro_train", {"experiment": "Regression", "executor": "slurm", "slurm": {"partition": "debug", "acount": "proj-7"}},
+     "unknown argument 'slurm.acount'; slurm takes: partition, account, gres, qos, extra."),
+    ("nitro_train", {"experiment": "Regression", "executor": "slurm", "slurm": {"extra": "--mem=16G"}},
+     "slurm.extra='--mem=16G' is not a list; send e.g. slurm.extra=[]."),
+    ("nitro_train", {"experiment": "Regression", "executor": "slurm", "slurm": {"extra": [16]}},
+     "slurm.extra[0]=16 is not a string; send e.g. slurm.extra[0]='...'."),
+    ("nitro_train", {"experiment": "Regression", "executor": "slurm", "slurm": "debug"},
+     'slurm=\'debug\' is not an object; send e.g. slurm={"partition": "..."}.'),
 ]  # fmt: skip
 
 

@@ -10,6 +10,7 @@ import json
 
 import anyio
 import boto3
+import pytest
 from mcp import Client
 
 from nitro_core import checkpoint_info, read_manifest
@@ -23,6 +24,8 @@ BUCKET = test_storage_tools.BUCKET
 stored = test_storage_tools.stored  # the fixture: a Classifier run pushed under the storage
 
 TINY = {"max_epochs": 1, "samples": 64}
+# the reply's words, not the server's S3: on SeaweedFS alone (the store's tests run on moto too)
+pytestmark = pytest.mark.parametrize("s3_endpoint", ["seaweedfs"], indirect=True)
 
 
 def test_replies_and_refusals_of_s3_calls_name_urls_never_the_staging_directory(stored, tmp_path):

@@ -1,6 +1,6 @@
 """The gate on object storage: ``nitro serve --storage s3://bucket/prefix`` takes run
 directories under that prefix (every URL confined under it, as every path is under the
-root), against a real SeaweedFS server (tests/s3_server.py) and a real MCP client. A run
+root), against real S3 servers (SeaweedFS and moto: tests/s3_server.py) and a real MCP client. A run
 pushed to S3 validates and averages through the tools exactly as the same run on disk."""
 
 from __future__ import annotations

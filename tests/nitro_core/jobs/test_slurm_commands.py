@@ -10,8 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from nitro_core import ConfigError
-from nitro_core.jobs import slurm
+from nitro_core.jobs import cluster, slurm
 from nitro_core.jobs.call_models import SLURM_GRES, SLURM_NAME, SlurmOptions, TrainCall
+from nitro_core.jobs.files import JobStatus, job_dir, read_status, write_json
 
 
 def _answers(monkeypatch, outputs: dict[str, tuple[int, str, str] | BaseException]) -> list:
@@ -104,6 +105,42 @@ def test_a_job_the_controller_does_not_know_is_gone(monkeypatch):
     assert said.state is None and slurm.gone(said)
     _answers(monkeypatch, {"sacct": (0, "", ""), "squeue": (0, "", ""), "scontrol": unknown})
     assert slurm.query("7").state is None  # squeue answered, with no row
+
+
+def _running(tmp_path) -> tuple:
+    """A Slurm job whose worker started and recorded no end: its directory and status."""
+    directory = job_dir(tmp_path, "j1")
+    directory.mkdir(parents=True)
+    status = JobStatus(
+        job_id="j1", kind="train", state="running", phase="training", executor="slurm",
+        slurm_id="7", run_dir=str(tmp_path / "runs" / "x"), created="t",
+    )  # fmt: skip
+    write_json(directory / "status.json", status)
+    return directory, status
+
+
+def test_a_running_job_the_controller_knows_no_more_is_lost_saying_so(tmp_path, monkeypatch):
+    unknown = (1, "", "slurm_load_jobs error: Invalid job id specified")
+    _answers(monkeypatch, {"sacct": (0, "", ""), "squeue": unknown, "scontrol": unknown})
+    directory, status = _running(tmp_path)
+    done = cluster.refresh(directory, status, slurm.Engine())
+    assert (done.state, done.phase) == ("lost", "lost")
+    assert done.error == (
+        "Slurm job 7 ended (unknown to the scheduler, from scontrol) without the worker "
+        "recording a result: the allocation is gone (cancelled from outside, a node failed, or "
+        "its time ran out); it committed no record."
+    )
+    assert done.engine is not None and done.engine.state is None
+    assert read_status(directory) == done
+
+
+def test_a_controller_that_does_not_answer_leaves_the_job_running(tmp_path, monkeypatch):
+    refused = (1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+    _answers(monkeypatch, {"sacct": (1, "", ""), "squeue": refused, "scontrol": refused})
+    directory, status = _running(tmp_path)
+    said = cluster.refresh(directory, status, slurm.Engine())
+    assert (said.state, said.error) == ("running", None)
+    assert said.engine is not None and said.engine.state == "UNREACHABLE"
 
 
 @pytest.mark.parametrize(

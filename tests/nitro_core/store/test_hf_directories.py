@@ -21,6 +21,20 @@ def test_a_shard_is_filled_to_exactly_its_size_before_the_next_starts():
     assert shard_plan(_floats(2, 3), 16) == [["t0"], ["t1"]]  # 8 + 12 would overflow
 
 
+@pytest.mark.parametrize(
+    ("counts", "plan"),
+    [((4,), [["t0"]]), ((4, 4), [["t0"], ["t1"]]), ((1, 4), [["t0"], ["t1"]]),
+     ((4, 1), [["t0"], ["t1"]]), ((1, 4, 1), [["t0"], ["t1"], ["t2"]]), ((3, 1, 4), [["t0", "t1"], ["t2"]])],
+)  # fmt: skip
+def test_a_tensor_of_exactly_the_size_fills_one_shard_as_transformers_splits_it(counts, plan):
+    """16 bytes under max_shard_size=16 fit (transformers moves only a tensor *larger* than
+    the size to a shard of its own), and nothing joins a full shard."""
+    hub = pytest.importorskip("huggingface_hub")
+    assert shard_plan(_floats(*counts), 16) == plan
+    split = hub.split_torch_state_dict_into_shards(_floats(*counts), max_shard_size=16)
+    assert [list(keys) for keys in split.filename_to_tensors.values()] == plan
+
+
 def test_a_tensor_larger_than_the_size_gets_a_shard_of_its_own():
     assert shard_plan(_floats(1, 10, 1), 16) == [["t0"], ["t1"], ["t2"]]
     assert shard_plan({}, 16) == [[]]

@@ -108,6 +108,8 @@ def test_a_run_at_its_max_steps_is_refused_with_what_to_write(tmp_path):
          "max_steps=1000, or None for no step budget."),
         ("max_steps", True, "Nitro(max_steps=True): write a positive number of optimizer steps, "
          "e.g. max_steps=1000, or None for no step budget."),
+        ("time_limit", 0, "Nitro(time_limit=0): write a positive number of seconds, e.g. "
+         "time_limit=3600, or None for no time budget."),  # zero seconds: no budget to train in
         ("time_limit", -1.0, "Nitro(time_limit=-1.0): write a positive number of seconds, e.g. "
          "time_limit=3600, or None for no time budget."),
         ("time_limit", float("inf"), "Nitro(time_limit=inf): write a positive number of "
