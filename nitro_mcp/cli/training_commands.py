@@ -188,12 +188,24 @@ def cli_errors(exc: ValidationError) -> str:
         bounds = _bounds(err["loc"])
         if err["type"] == "value_error" and "error" in err.get("ctx", {}):  # says it whole
             parts.append(f"{flag}: {err['ctx']['error']}")
+        elif err["type"] == "extra_forbidden" and len(err["loc"]) > 1:  # a typo inside --slurm
+            takes = ", ".join(_nested_fields(str(err["loc"][0])))
+            parts.append(f"{flag}: unknown option {str(err['loc'][-1])!r}; it takes: {takes}.")
         elif err["type"] in ("greater_than_equal", "less_than_equal") and len(bounds) == 2:
             low, high = bounds
             parts.append(f"{flag} {err['input']} is not {low} to {high}; e.g. {flag} {low + 1}.")
         else:
             parts.append(f"{flag} {err['input']!r}: {err['msg']}.")
     return " ".join(parts)
+
+
+def _nested_fields(name: str) -> list[str]:
+    """The fields of the model a call field takes (``slurm``: ``SlurmOptions``'s)."""
+    info = TrainCall.model_fields.get(name)
+    ann = info.annotation if info else None
+    arms = get_args(ann) if isinstance(ann, UnionType) else (ann,)
+    model = next((a for a in arms if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return list(model.model_fields) if model is not None else []
 
 
 def _bounds(loc: tuple[Any, ...]) -> list[Any]:

@@ -56,3 +56,13 @@ def test_every_executor_path_builds_one_train_call_that_carries_the_set_override
     submitted ``overrides: {}`` and trained the class defaults (issue 34)."""
     call = _train_call("Regression", "--set", "max_epochs=2", "--set", "samples=64", *executor)
     assert call.overrides == {"max_epochs": 2, "samples": 64}
+
+
+def test_a_typo_inside_slurm_names_the_option_and_what_it_takes(capsys, tmp_path):
+    argv = ["train", "Regression", "--run-dir", str(tmp_path), "--executor", "slurm",
+            "--slurm", '{"partiton": "debug"}']  # fmt: skip
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "nitro train: --slurm: unknown option 'partiton'; it takes: partition, account, gres, "
+        "qos, extra."
+    )
