@@ -33,8 +33,11 @@ class MLflowLogger(TrackerLogger):
 
     backend = "mlflow"
     tracker = "MLflow"
-    modules = ("mlflow.tracking", "mlflow.entities")
     id_key = "run_id"
+
+    def _load(self) -> None:
+        import mlflow.entities  # noqa: F401
+        import mlflow.tracking  # noqa: F401
 
     def __init__(
         self,

@@ -92,7 +92,6 @@ class TrackerLogger:
 
     backend = "tracker"
     tracker = "the tracker"
-    modules: tuple[str, ...] = ()  # imported before the first call, outside its bound
     id_key = "id"
 
     def __init__(self, params: dict[str, Any] | None = None) -> None:
@@ -142,12 +141,14 @@ class TrackerLogger:
                 self._failed(step, failed)
         self._step = step
 
+    def _load(self) -> None:
+        """Import what the tracker's calls use, before its first call (a subclass's)."""
+
     def _track(self, row: dict[str, Any], step: int) -> None:
         """Send ``row``; the first row of this handle opens the tracker's run and sends the
         rows it missed first (the JSONL log's rows past the last step it holds)."""
         if not self._live:
-            for module in self.modules:  # a heavy import is no tracker's silence
-                importlib.import_module(module)
+            self._load()  # outside the bound: a heavy import is no tracker's silence
             continued = self.ids is not None
             self.ids = self._call("opening its run", self._start, self.ids)
             self._live = True

@@ -47,7 +47,9 @@ class WandbLogger(TrackerLogger):
 
     backend = "wandb"
     tracker = "W&B"
-    modules = ("wandb",)
+
+    def _load(self) -> None:
+        import wandb  # noqa: F401
 
     def __init__(
         self,
