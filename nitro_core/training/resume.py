@@ -36,14 +36,16 @@ from nitro_core.training.step import StepSettings, step_diff
 class ResumePoint:
     """A record chosen to resume from, with its header already read."""
 
-    path: Path
+    path: Path  # where it is read here (on object storage: its copy in the staging directory)
     entry: ManifestEntry | None  # None: a file the manifest does not list
     meta: dict[str, Any]
     continue_run: str | None  # the run continued under its own id, or None to branch
+    shown: str | None = None  # the record as its run directory names it (S3: its URL)
 
     @property
     def file(self) -> str:
-        return str(self.path)
+        """The record as messages name it: its URL on object storage, never the copy."""
+        return self.shown or str(self.path)
 
     @property
     def seed(self) -> int:
@@ -169,6 +171,7 @@ def resume_from_source(
         entry=found.entry,
         continue_run=None,
         meta=store.read_header(found.path, found.entry.expected if found.entry else None),
+        shown=str(lookup.shown_record(home, found.path)),  # where it lies (S3: its URL)
     )
 
 
@@ -193,7 +196,8 @@ def point_for(
     own = manifest.run_entries(entries, entry.run)
     continue_run = entry.run if own and own[-1].file == entry.file else None
     meta = store.read_header(path, entry.expected) if fetch else run.header(entry)
-    return ResumePoint(path=path, entry=entry, meta=meta, continue_run=continue_run)
+    shown = str(lookup.shown_record(run, path))
+    return ResumePoint(path=path, entry=entry, meta=meta, continue_run=continue_run, shown=shown)
 
 
 def _layout_diff(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:

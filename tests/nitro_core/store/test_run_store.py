@@ -104,3 +104,20 @@ def test_places_compare_as_parsed_and_resolved(tmp_path):
     assert not local.holds("s3://bucket-a/run/epoch-1.safetensors", (tmp_path,))
     assert local.shown_from(tmp_path) == "run" and run.shown_from(tmp_path) == "s3://bucket-a/run"
     assert Path(str(local)) == tmp_path / "run"
+
+
+def test_a_refused_resume_on_s3_names_the_record_s_url_never_its_staging_copy(
+    url, tmp_path, monkeypatch
+):
+    from nitro_core import Nitro, ResumeRefused, read_manifest
+    from nitro_core.examples import Regression
+
+    monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
+    _, where, _ = url
+    Nitro(Regression(max_epochs=1, samples=64), run_dir=where).train().close()
+    last = f"{where}/{read_manifest(where)[-1].file}"
+    with pytest.raises(ResumeRefused) as raised:  # a plain field changed: refused with a diff
+        Nitro(Regression(max_epochs=2, samples=64, hidden=16), run_dir=where, resume="auto")
+    said = str(raised.value)
+    assert said.startswith(f"Cannot resume {last!r}: the config changed"), said
+    assert str(tmp_path / "staging") not in said
