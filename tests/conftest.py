@@ -20,8 +20,8 @@ S3_SERVERS = ("seaweedfs", "moto")  # tests/s3_server.py: each S3 test runs agai
 @pytest.fixture(scope="session", params=S3_SERVERS)
 def s3_endpoint(request):
     """A real S3 server (tests/s3_server.py) for every test that needs object storage: each
-    such test runs on SeaweedFS and on moto's server (the slow ones on SeaweedFS alone: see
-    ``pytest_collection_modifyitems``). Each server is started once, on first use, and
+    such test runs on SeaweedFS and on moto's server (the kill loops and torchrun runs on
+    SeaweedFS alone: see ``pytest_collection_modifyitems``). Each server is started once, on first use, and
     stopped by its pid when its tests are done."""
     from tests import s3_server
 
@@ -36,9 +36,9 @@ def _isolated(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    # the slow S3 tests (kill loops, torchrun) run on SeaweedFS only: on moto too they
-    # would double the slow suite's S3 time for what the default suite's tests check there
-    moto = [item for item in items if _s3_server(item) == "moto" and "slow" in item.keywords]
+    # the S3 kill loops and torchrun runs are slow and run on SeaweedFS only: on moto too
+    # they would double the slow suite's S3 time; every other S3 test runs on both servers
+    moto = [item for item in items if _s3_server(item) == "moto" and _seaweedfs_only(item)]
     if moto:
         config.hook.pytest_deselected(items=moto)
         items[:] = [item for item in items if item not in moto]
@@ -53,3 +53,10 @@ def pytest_collection_modifyitems(config, items):
 def _s3_server(item: pytest.Item) -> str | None:
     callspec = getattr(item, "callspec", None)
     return callspec.params.get("s3_endpoint") if callspec is not None else None
+
+
+SEAWEEDFS_ONLY = ("killing", "ddp", "fsdp")  # kill loops, and runs through torchrun
+
+
+def _seaweedfs_only(item: pytest.Item) -> bool:
+    return "slow" in item.keywords and any(word in item.name for word in SEAWEEDFS_ONLY)
