@@ -43,7 +43,7 @@ def command(
     sub: Any, name: str, summary: str, example: str, json_output: bool = True
 ) -> argparse.ArgumentParser:
     """A new command: ``summary`` in ``nitro --help`` and atop its own help, ``example``
-    below it (tests/nitro_mcp/test_cli_help.py parses each), and ``--json`` unless its
+    below it (tests/nitro_mcp/cli/test_cli_help.py parses each), and ``--json`` unless its
     output is a protocol or a narrative."""
     p: argparse.ArgumentParser = sub.add_parser(
         name, help=summary, description=summary, epilog=f"example:\n  {example}",
