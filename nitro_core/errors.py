@@ -42,7 +42,7 @@ import difflib
 import errno
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import TypeAdapter
 
@@ -91,6 +91,11 @@ class CheckpointerFix:
 
     arguments: str
     kind: Literal["checkpointer"] = "checkpointer"
+
+    # where it is written, said to a caller who can send no argument that changes it
+    OUTSIDE_A_CALL: ClassVar[str] = (
+        " returned by the experiment's checkpointer() (a change to its module)"
+    )
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,6 @@ from nitro_mcp.tool_calls import TOOLS, tool_call, value
 
 REFUSAL_HEAD, REFUSAL_TAIL = 3_000, 2_000  # characters kept of a refusal's start and end
 ERROR_MAX = 2_000  # characters of a job's error in a reply; the log holds all of it
-MODULE_CHANGE = " returned by the experiment's checkpointer() (a change to its module)"
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class ToolRenderer:
         if isinstance(part, Call):
             return tool_call(TOOLS[part.operation], part.args)
         if isinstance(part, CheckpointerFix):
-            return f"Checkpointer({part.arguments}){MODULE_CHANGE}"
+            return f"Checkpointer({part.arguments}){CheckpointerFix.OUTSIDE_A_CALL}"
         if isinstance(part, FieldFix):
             return _field_fix(part)
         if isinstance(part, Lister):

@@ -29,7 +29,6 @@ from nitro_core.errors import (
     render,
 )
 
-MODULE_CHANGE = " returned by the experiment's checkpointer() (a change to its module)"
 POSITIONAL = {"train": "experiment", "validate": "experiment", "average": "run_dir"}
 
 
@@ -49,7 +48,7 @@ class TerminalRenderer:
         if isinstance(part, Call):
             return command_line(part.operation, part.args)
         if isinstance(part, CheckpointerFix):
-            return f"Checkpointer({part.arguments}){MODULE_CHANGE}"
+            return f"Checkpointer({part.arguments}){CheckpointerFix.OUTSIDE_A_CALL}"
         if isinstance(part, FieldFix):
             return _field_fix(part)
         if isinstance(part, Lister):
