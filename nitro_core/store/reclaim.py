@@ -14,8 +14,9 @@ Only what is provably such a leftover is removed: a name the run's writer gives 
 (``epoch-0003-step-120...``), unlisted, older than any live writer could have left it
 (``NITRO_RECLAIM_AFTER_S``, default one hour; on a disk a file whose writer still holds its
 lock is never one), and, where a header can be read, written by one of the run directory's
-own runs as a record (an average or an export saved into the directory, ``kind="weights"``
-or ``averaged_from``, is the user's and stays). ``.tmp`` and ``.stale`` files of a disk's
+own runs as a record, on object storage by any run (one killed before its first commit
+is named by no manifest); an average or an export saved into the directory (``kind="weights"``
+or ``averaged_from``) is the user's and stays. ``.tmp`` and ``.stale`` files of a disk's
 interrupted writes are :mod:`nitro_core.store.claims`' (their writer's lock proves it).
 """
 
@@ -78,17 +79,17 @@ def record_like(name: str) -> bool:
     return _RECORD.fullmatch(name) is not None and _PARTIAL.search(name) is None
 
 
-def own_record(meta: dict[str, Any] | None, state: Manifest) -> bool:
-    """Whether a header's metadata says one of the run directory's runs wrote it as a
-    record (an average's or an export's is the user's); None (no header): a killed upload."""
+def own_record(meta: dict[str, Any] | None, state: Manifest, any_run: bool = False) -> bool:
+    """Whether a header's metadata says a training run wrote it as a record (an average's
+    or an export's is the user's): one of the run directory's runs, or with ``any_run``
+    any run (object storage, where an unlisted object is never read: a run killed before
+    its first commit left it, and no manifest names that run); None (no header): a killed
+    upload."""
     if meta is None:
         return True
     runs = {e.run for e in state.entries} | set(state.points)
-    return (
-        meta.get("run") in runs
-        and meta.get("averaged_from") is None
-        and meta.get("kind") != "weights"
-    )
+    ours = meta.get("run") in runs or (any_run and isinstance(meta.get("run"), str))
+    return ours and meta.get("averaged_from") is None and meta.get("kind") != "weights"
 
 
 # -- a disk ----------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def in_bucket(store: Bucket, run: ObjectUrl, state: Manifest, age: float) -> lis
             continue
         if now - max(m for _, _, m in objects) < age:
             continue  # a live writer's upload may still be listed by its commit
-        if not own_record(_object_header(store, run.child(name), objects), state):
+        if not own_record(_object_header(store, run.child(name), objects), state, any_run=True):
             continue
         found.append(Leftover(name, sum(s for _, s, _ in objects)))
     for key, upload, initiated in store.uploads(base):

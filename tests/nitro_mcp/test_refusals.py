@@ -131,19 +131,23 @@ def test_a_plain_text_or_plain_message_stands_as_written():
 
 @pytest.mark.slow  # a real worker subprocess through the server; `pytest -m slow`
 def test_a_job_that_fails_in_its_worker_reports_the_tool_form(tmp_path):
-    Nitro(Regression(max_epochs=1, samples=64), run_dir=tmp_path / "runs/Regression").train()
+    """A refusal raised in the worker (one the call's checks could not foresee: a record
+    without EMA is refused at the call now) reaches the client in the tool's words, from
+    the parts the worker stored: load_ema=true, never the Python load_ema=True."""
+    Nitro(Regression(max_epochs=1, samples=64), run_dir=tmp_path / "runs/RefusesToEvaluate").train()
+    modules = ("tests.nitro_mcp.worker_refusal_experiment",)
 
     async def main():
-        async with Client(build_server(tmp_path)) as client:
+        async with Client(build_server(tmp_path, experiment_modules=modules)) as client:
             err, job = await call(
-                client, "nitro_validate", experiment="Regression", run_dir="runs/Regression",
-                weights="latest => latest", load_ema=True, wait_s=0,
+                client, "nitro_validate", experiment="RefusesToEvaluate",
+                run_dir="runs/RefusesToEvaluate", weights="latest => latest", wait_s=0,
             )  # fmt: skip
             assert not err, job
             return await wait_done(client, job["job_id"])
 
     status = anyio.run(main)
     assert status["state"] == "failed", status
-    assert status["error"].startswith("load_ema=true, but ") and status["error"].endswith(
-        "keeps no EMA (its experiment's ema() returned None). Drop load_ema to load its parameters."
-    )
+    assert status["error"] == (
+        "load_ema=true, but this experiment refuses when its worker evaluates. Drop load_ema."
+    ), status["error"]

@@ -178,3 +178,24 @@ def test_reclaim_on_a_disk_never_follows_a_link(tmp_path, monkeypatch):
     monkeypatch.setenv(AGE_VARIABLE, "0")
     open_run(run).reclaim()
     assert outside.exists()  # the link's target is never touched
+
+
+def test_a_run_killed_before_its_first_commit_on_s3_leaves_nothing_once_resumed(s3, monkeypatch):
+    """No manifest names the killed run (its first commit never happened), so the record it
+    uploaded is claimed by no run the directory knows: on object storage, where an unlisted
+    object is never read, it is still a leftover; an average saved beside it stays."""
+    client, bucket, prefix = s3
+    other = f"s3://{bucket}/{prefix}-other"
+    Nitro(KeepLast(max_epochs=1), run_dir=other).train().close()
+    (only,) = read_manifest(other)
+    url = f"s3://{bucket}/{prefix}"  # a fresh run directory: no manifest yet
+    client.copy_object(Bucket=bucket, Key=f"{prefix}/{only.file}",
+                       CopySource={"Bucket": bucket, "Key": f"{prefix}-other/{only.file}"})  # fmt: skip
+    average_checkpoints(other, "latest => Average(Last(1))",
+                        save=f"{url}/epoch-0001-step-4-avg.safetensors")  # fmt: skip
+    monkeypatch.setenv(AGE_VARIABLE, "0")
+    Nitro(KeepLast(max_epochs=1), run_dir=url, resume="auto").train().close()
+    keys = {o["Key"].split("/")[-1] for o in client.list_objects_v2(
+        Bucket=bucket, Prefix=prefix + "/")["Contents"]}  # fmt: skip
+    listed = {e.file for e in read_manifest(url)}
+    assert keys == listed | {"manifest.json", "epoch-0001-step-4-avg.safetensors"}, keys
