@@ -22,7 +22,8 @@ from nitro_core.jobs.files import job_dir
 from tests.nitro_mcp.conftest import call, exported
 from tests.nitro_mcp.test_slurm_executor import _server, _until, follow_through_the_queue
 
-pytestmark = pytest.mark.slow  # a real cluster with MariaDB and slurmdbd
+# a real cluster with MariaDB and slurmdbd; on the one xdist worker of the Slurm tests
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 
 
 @pytest.fixture(scope="module")

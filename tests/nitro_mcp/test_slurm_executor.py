@@ -27,7 +27,8 @@ from nitro_mcp.server import build_server
 from tests.nitro_mcp.conftest import call, exported, wait_done, without_accounting
 from tests.nitro_mcp.slow_experiment import SlowSteps
 
-pytestmark = pytest.mark.slow  # a real cluster: daemons, sbatch, srun
+# a real cluster: daemons, sbatch, srun; one xdist worker runs every Slurm test (one cluster)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("slurm")]
 SLOW = ("tests.nitro_mcp.slow_experiment",)
 FAST = {"max_epochs": 3, "samples": 64}
 
