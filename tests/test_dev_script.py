@@ -46,7 +46,7 @@ CI_SEQUENCE = [
     "ruff check .",
     "mypy nitro_core nitro_mcp",
     "python -m pytest -q -n 2",
-    "python -m pytest -q -m slow",
+    "python -m pytest -q -m slow -n 2 --dist loadgroup",
     "mkdocs build --strict --quiet",
 ]
 
