@@ -15,9 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "nitro-test", "AWS_SECRET_ACCESS_KEY": "nitro-test-secret"}
 
@@ -38,14 +39,40 @@ def settings(endpoint: str) -> dict[str, str]:
     }  # fmt: skip
 
 
+def client_for(endpoint: str, monkeypatch: Any, bucket: str) -> Any:
+    """This test's process pointed at the server ``endpoint`` (its AWS settings, no
+    profile), with ``bucket`` made (once: later tests find it); the boto3 client."""
+    import boto3
+
+    for key, value in settings(endpoint).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    try:
+        client.create_bucket(Bucket=bucket)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass  # an earlier test made it
+    return client
+
+
+def seaweedfs() -> AbstractContextManager[str]:
+    """Run a SeaweedFS server with its S3 gateway; yields the endpoint URL."""
+    return _on_free_ports(_seaweedfs)
+
+
+def moto() -> AbstractContextManager[str]:
+    """Run moto's S3 server; yields the endpoint URL."""
+    return _on_free_ports(_moto)
+
+
 @contextmanager
-def seaweedfs() -> Iterator[str]:
-    """Run a SeaweedFS server with its S3 gateway; yields the endpoint URL. A port taken
-    between choosing it and the server's bind (another process on a busy machine) starts it
-    again on other ports, up to 3 times."""
+def _on_free_ports(start: Callable[[], AbstractContextManager[str]]) -> Iterator[str]:
+    """The server ``start`` runs, started again on other ports (up to 3 times) when a port
+    was taken between choosing it and the server's bind (another process on a busy
+    machine); yields its endpoint URL, and stops it at the end."""
     for attempt in range(3):
         try:
-            server = _seaweedfs()
+            server = start()
             endpoint = server.__enter__()
         except _PortTaken:
             if attempt == 2:
@@ -95,25 +122,6 @@ def _seaweedfs() -> Iterator[str]:
                 proc.wait()
         log.close()
         shutil.rmtree(data, ignore_errors=True)
-
-
-@contextmanager
-def moto() -> Iterator[str]:
-    """Run moto's S3 server; yields the endpoint URL. A port taken between choosing it and
-    the server's bind starts it again on another, up to 3 times."""
-    for attempt in range(3):
-        try:
-            server = _moto()
-            endpoint = server.__enter__()
-        except _PortTaken:
-            if attempt == 2:
-                raise
-            continue
-        try:
-            yield endpoint
-        finally:
-            server.__exit__(None, None, None)
-        return
 
 
 @contextmanager

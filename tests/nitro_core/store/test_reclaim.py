@@ -11,7 +11,6 @@ import shutil
 import uuid
 import warnings
 
-import boto3
 import pytest
 
 from nitro_core import (
@@ -26,7 +25,7 @@ from nitro_core import (
 from nitro_core.store import claims, manifest
 from nitro_core.store.reclaim import AGE_VARIABLE, age_s, record_like
 from nitro_core.store.run import open_run
-from tests.s3_server import settings
+from tests.s3_server import client_for
 
 from ..tiny import KeepLast
 
@@ -108,15 +107,8 @@ def test_record_names_are_the_writer_s_alone():
 
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch, tmp_path):
-    for k, v in settings(s3_endpoint).items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    client = client_for(s3_endpoint, monkeypatch, "nitro-reclaim")
     monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
-    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-    try:
-        client.create_bucket(Bucket="nitro-reclaim")
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
     prefix = f"t-{uuid.uuid4().hex[:10]}/run"
     return client, "nitro-reclaim", prefix
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import boto3
 import pytest
 
 from nitro_core import Checkpointer, Last, TrainingRefused
@@ -16,19 +15,12 @@ from nitro_core.store.run import LocalRun, ObjectRun, open_run
 from nitro_core.training.checkpointing import RecordWriter
 from nitro_core.training.distributed import Dist
 from nitro_core.training.sharded_save import RecordDirectory
-from tests.s3_server import settings
+from tests.s3_server import client_for
 
 
 @pytest.fixture
 def url(s3_endpoint, monkeypatch):
-    for k, v in settings(s3_endpoint).items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-    try:
-        client.create_bucket(Bucket="nitro-run-store")
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
+    client = client_for(s3_endpoint, monkeypatch, "nitro-run-store")
     prefix = f"t-{uuid.uuid4().hex[:10]}/run"
     return client, f"s3://nitro-run-store/{prefix}", prefix
 

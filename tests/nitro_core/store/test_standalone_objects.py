@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import uuid
 
-import boto3
 import pytest
 import torch
 
@@ -21,22 +20,15 @@ from nitro_core import (
     verify,
 )
 from nitro_core.examples import Regression
-from tests.s3_server import settings
+from tests.s3_server import client_for
 
 EXP = Regression(max_epochs=3, samples=64)
 
 
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch, tmp_path):
-    for k, v in settings(s3_endpoint).items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    client = client_for(s3_endpoint, monkeypatch, "nitro-standalone")
     monkeypatch.setenv("NITRO_STAGING", str(tmp_path / "staging"))
-    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-    try:
-        client.create_bucket(Bucket="nitro-standalone")
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
     return client, f"s3://nitro-standalone/t-{uuid.uuid4().hex[:10]}"
 
 
