@@ -160,8 +160,9 @@ def join(strategy: str, device: torch.device, requested: bool) -> tuple[Dist, to
         if device.type == "cuda":
             torch.cuda.set_device(local)
         dist.init_process_group(backend=backend)
-        atexit.unregister(_destroy_at_exit)  # once, however many handles join
-        atexit.register(_destroy_at_exit)
+    if dist.is_available() and dist.is_initialized():  # a script's own group too: its DDP
+        atexit.unregister(_destroy_at_exit)  # or FSDP modules hold gloo's threads as well
+        atexit.register(_destroy_at_exit)  # once, however many handles join
     if device.type == "cuda" and world > 1 and not requested:
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)

@@ -55,3 +55,27 @@ def test_it_returns_at_once_when_no_thread_has_the_names() -> None:
 def _spin_until(stop: threading.Event) -> None:
     while not stop.is_set():
         sum(range(1000))  # runs (and takes the GIL back) without sleeping
+
+
+def test_the_exit_wait_is_registered_for_a_group_the_script_made_too(tmp_path, monkeypatch):
+    """A torchrun script that makes its own group (then Nitro joins it) keeps gloo's threads
+    in its DDP or FSDP modules as well: the exit wait is registered for it too (without it a
+    2-rank CI run aborted at exit: 'terminate called without an active exception')."""
+    import atexit
+
+    import torch
+    import torch.distributed as dist
+
+    from nitro_core.training import distributed
+
+    registered = []
+    monkeypatch.setattr(atexit, "register", lambda f, *a, **k: registered.append(f))
+    monkeypatch.setattr(atexit, "unregister", lambda f: None)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)  # fmt: skip
+    try:
+        d, _ = distributed.join("ddp", torch.device("cpu"), requested=False)
+        assert d.owned is False  # the script's group: the script destroys it
+        assert registered == [distributed._destroy_at_exit]
+    finally:
+        dist.destroy_process_group()
