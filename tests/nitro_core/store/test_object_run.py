@@ -10,13 +10,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-import boto3
 import pytest
 
 from nitro_core.errors import ObjectStoreError
 from nitro_core.store import object_run, objects
 from nitro_core.store.manifest import ManifestEntry
-from tests.s3_server import settings
+from tests.s3_server import client_for
 
 BUCKET = "nitro-object-run"
 SHARDS = [f"shard-0000{r}-model-00001-of-00001.safetensors" for r in (1, 2)]
@@ -25,14 +24,7 @@ SHARDS = [f"shard-0000{r}-model-00001-of-00001.safetensors" for r in (1, 2)]
 @pytest.fixture
 def run(s3_endpoint, monkeypatch):
     """A run directory under a fresh prefix, and a client of the server."""
-    for k, v in settings(s3_endpoint).items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    client = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
-    try:
-        client.create_bucket(Bucket=BUCKET)
-    except client.exceptions.BucketAlreadyOwnedByYou:
-        pass
+    client = client_for(s3_endpoint, monkeypatch, BUCKET)
     return client, objects.parse(f"s3://{BUCKET}/t-{uuid.uuid4().hex[:10]}/run")
 
 
